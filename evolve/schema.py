@@ -1,0 +1,142 @@
+"""The program database's tables (SQLAlchemy 2 ORM).
+
+The schema itself is owned by the Alembic migrations in `db/`; these classes must
+match them (tests/test_database.py checks that autogenerate finds no difference).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def now() -> float:
+    return time.time()
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    problem: Mapped[str] = mapped_column(String(200))
+    problem_yaml: Mapped[str] = mapped_column(Text)  # snapshot: a resume uses exactly this
+    policy_yaml: Mapped[str] = mapped_column(Text)
+    seed: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Session(Base):
+    """One stretch of `evolve run`/`resume` on a run: wall-clock accounting and resume history."""
+    __tablename__ = "sessions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    started_at: Mapped[float] = mapped_column(Float, default=now)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    stop_reason: Mapped[str | None] = mapped_column(String(200))
+
+
+class PolicyVersion(Base):
+    """Version 0 is the base model; each trained adapter adds one."""
+    __tablename__ = "policy_versions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(300))  # the name requests are routed to
+    adapter_path: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class LLMCall(Base):
+    """One request: a prompt built from one parent, answered by a group of `n` completions."""
+    __tablename__ = "llm_calls"
+    id: Mapped[int] = mapped_column(primary_key=True)  # doubles as the group id
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    island: Mapped[int] = mapped_column(Integer)
+    parent_id: Mapped[int] = mapped_column(Integer)  # no FK: programs already point here (no cycle)
+    policy_version: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String(300))
+    prompt: Mapped[str] = mapped_column(Text)
+    n: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class Completion(Base):
+    """One rollout of a group: the text of one choice."""
+    __tablename__ = "completions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    call_id: Mapped[int] = mapped_column(ForeignKey("llm_calls.id"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(40))
+
+
+class Program(Base):
+    """Every candidate ever made, failures included.
+
+    status: ok | invalid | error | timeout (evaluated), mutation_failed (the answer could
+    not be applied: no code to run), pending (made, not yet evaluated).
+    """
+    __tablename__ = "programs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    island: Mapped[int] = mapped_column(Integer)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("programs.id"))
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    origin: Mapped[str] = mapped_column(String(20))  # seed | mutation | migration
+    completion_id: Mapped[int | None] = mapped_column(ForeignKey("completions.id"), index=True)
+    answer_index: Mapped[int | None] = mapped_column(Integer)
+    code: Mapped[str | None] = mapped_column(Text)
+    code_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    duplicate_of: Mapped[int | None] = mapped_column(ForeignKey("programs.id"))
+    status: Mapped[str] = mapped_column(String(20))
+    error: Mapped[str | None] = mapped_column(Text)
+    fitness: Mapped[dict[str, Any] | None]  # normalised vector, component name -> value
+    raw: Mapped[dict[str, Any] | None]
+    objective: Mapped[float | None] = mapped_column(Float)
+    headline: Mapped[float | None] = mapped_column(Float)
+    descriptors: Mapped[dict[str, Any] | None]
+    cell: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+    __table_args__ = (Index("ix_programs_run_island", "run_id", "island"),)
+
+
+class Evaluation(Base):
+    """One sandbox run of a program (timing and sandbox detail for audit and benchmarks)."""
+    __tablename__ = "evaluations"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    program_id: Mapped[int] = mapped_column(ForeignKey("programs.id"), index=True)
+    backend: Mapped[str] = mapped_column(String(20))
+    status: Mapped[str] = mapped_column(String(20))
+    started_at: Mapped[float] = mapped_column(Float)
+    elapsed_s: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class Cell(Base):
+    """The MAP-Elites grids: one elite per (island, cell)."""
+    __tablename__ = "cells"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    island: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cell: Mapped[str] = mapped_column(String(100), primary_key=True)
+    program_id: Mapped[int] = mapped_column(ForeignKey("programs.id"))
+    objective: Mapped[float] = mapped_column(Float)
+
+
+class Island(Base):
+    __tablename__ = "islands"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    island: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    last_migration: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,142 @@
+"""The program database on real SQLite files: schema, MAP-Elites, sampling, migration, resume."""
+from collections import Counter
+
+import numpy as np
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select
+
+from evolve.config import Descriptor, Search
+from evolve.database import ProgramDatabase, cell_of, connect, migrate
+from evolve.schema import Base, Cell, Program
+
+AXES = [Descriptor(name="a", low=0, high=1, bins=4), Descriptor(name="b", low=0, high=1, bins=4)]
+
+
+def open_db(tmp_path, islands=2, **search):
+    return ProgramDatabase.open(f"sqlite:///{tmp_path / 'evolve.db'}", "test", "p: 1", "q: 2", 0,
+                                AXES, Search(islands=islands, **search), "toy")
+
+
+def child(island=0, objective=1.0, a=0.1, b=0.1, status="ok", code=None, parent=None):
+    return Program(island=island, origin="mutation", status=status, objective=objective, headline=objective,
+                   fitness={"x": objective}, descriptors={"a": a, "b": b}, parent_id=parent,
+                   code=code or f"x = {objective!r}  # {a} {b}\n")
+
+
+def test_migration_creates_schema_matching_models(tmp_path):
+    engine = connect(f"sqlite:///{tmp_path / 'm.db'}")
+    migrate(engine)
+    tables = set(inspect(engine).get_table_names())
+    assert {"runs", "programs", "evaluations", "llm_calls", "completions", "cells", "islands",
+            "policy_versions", "sessions", "alembic_version"} <= tables
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == [], f"models and migrations disagree: {diff}"
+    migrate(engine)  # idempotent
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path):
+    db = open_db(tmp_path)
+    assert db.session.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_cell_binning_clips_to_edges():
+    assert cell_of({"a": 0.0, "b": 0.99}, AXES) == "0,3"
+    assert cell_of({"a": -5, "b": 7}, AXES) == "0,3"
+    assert cell_of({"a": 0.5, "b": 0.25}, AXES) == "2,1"
+    assert cell_of({"a": float("nan"), "b": 0}, AXES) is None
+    assert cell_of({"b": 0}, AXES) is None
+
+
+def test_child_replaces_elite_only_when_strictly_better(tmp_path):
+    db = open_db(tmp_path)
+    first = child(objective=1.0)
+    assert db.tell(first)
+    assert not db.tell(child(objective=1.0, code="y = 1\n"))  # a tie keeps the incumbent
+    assert not db.tell(child(objective=0.5))
+    better = child(objective=1.5)
+    assert db.tell(better)
+    elite = db.session.get(Cell, (db.run_id, 0, "0,0"))
+    assert elite.program_id == better.id and elite.objective == 1.5
+    assert db.tell(child(objective=0.1, a=0.9))  # an empty cell takes anything valid
+
+
+def test_failures_are_stored_but_never_elites(tmp_path):
+    db = open_db(tmp_path)
+    for status in ("invalid", "error", "timeout", "mutation_failed"):
+        assert not db.tell(child(status=status, objective=None, code=None))
+    assert db.count() == 4 and db.count("ok") == 0
+    assert db.islands[0].elites == {}
+
+
+def test_duplicates_found_after_normalisation(tmp_path):
+    db = open_db(tmp_path)
+    original = child(code="x = 1\n\ny = 2\n")
+    db.tell(original)
+    assert db.find_duplicate("x = 1   \ny = 2\n").id == original.id
+    assert db.find_duplicate("x = 2\n") is None
+
+
+def test_sampling_ratios_follow_yaml_and_are_seeded(tmp_path):
+    db = open_db(tmp_path, islands=2, exploit_ratio=0.5, explore_ratio=0.3, migrate_ratio=0.2)
+    for i in range(6):
+        db.tell(child(island=0, objective=float(i), a=i / 6, b=0.1))
+        db.tell(child(island=1, objective=float(i), a=0.1, b=i / 6))
+    hows = [db.ask(0, np.random.default_rng(7)).how for _ in range(1)]
+    rng = np.random.default_rng(1)
+    asks = [db.ask(0, rng) for _ in range(2000)]
+    share = Counter(a.how for a in asks)
+    assert abs(share["exploit"] / 2000 - 0.5) < 0.04
+    assert abs(share["explore"] / 2000 - 0.3) < 0.04
+    assert abs(share["migrate"] / 2000 - 0.2) < 0.04
+    assert all(a.parent.island == 1 for a in asks if a.how == "migrate")
+    assert all(a.parent.island == 0 for a in asks if a.how != "migrate")
+    again = db.ask(0, np.random.default_rng(7))
+    assert again.how == hows[0]  # same seed, same choice
+
+
+def test_inspirations_are_top_and_diverse_without_parent(tmp_path):
+    db = open_db(tmp_path, islands=1, exploit_ratio=1, explore_ratio=0, migrate_ratio=0,
+                 top_inspirations=2, diverse_inspirations=1)
+    for i in range(8):
+        db.tell(child(objective=float(i), a=i / 8, b=i / 8))
+    ask = db.ask(0, np.random.default_rng(0))
+    ids = [p.id for p in ask.inspirations]
+    assert ask.parent.id not in ids and len(ids) == len(set(ids)) == 3
+    tops = [p.objective for p in ask.inspirations[:2]]
+    assert tops == sorted(tops, reverse=True) and tops[0] >= 6
+
+
+def test_ring_migration_copies_best_to_next_island(tmp_path):
+    db = open_db(tmp_path, islands=3, migration_every=2)
+    best = child(island=1, objective=9.0)
+    db.tell(best)
+    assert db.advance(1) is None
+    migrant = db.advance(1)
+    assert migrant.island == 2 and migrant.origin == "migration" and migrant.parent_id == best.id
+    assert migrant.objective == 9.0 and migrant.code == best.code
+    assert db.islands[2].best() == (9.0, migrant.id)
+    assert db.evaluations_done() == 1  # a migrant is not an evaluation
+
+
+def test_resume_rebuilds_the_same_index(tmp_path):
+    db = open_db(tmp_path, islands=2)
+    rng = np.random.default_rng(3)
+    for i in range(40):
+        db.tell(child(island=i % 2, objective=float(rng.random()), a=rng.random(), b=rng.random()))
+    db.advance(0)
+    before = [(isl.members, isl.elites, isl.top, isl.generation) for isl in db.islands]
+    db.close()
+    again = open_db(tmp_path, islands=2)
+    assert [(isl.members, isl.elites, isl.top, isl.generation) for isl in again.islands] == before
+    assert again.run_id == db.run_id and again.count() == 40
+
+
+def test_any_sqlalchemy_url(tmp_path):
+    """A URL that is not our default file layout (here: another file name) works the same."""
+    db = ProgramDatabase.open(f"sqlite:///{tmp_path / 'other-name.sqlite'}", "r", "", "", 1, AXES,
+                              Search(islands=1), "toy")
+    db.tell(child())
+    assert db.best() is not None
