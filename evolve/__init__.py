@@ -1,0 +1,1 @@
+"""evolve: evolutionary program search whose LLM mutator learns from its own archive."""

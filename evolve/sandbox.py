@@ -1,0 +1,273 @@
+"""Run untrusted candidate code in a separate, limited process and collect plain data.
+
+The process backend (`ProcessSandbox`) is the fallback when Docker is not available. Per run:
+a fresh temp dir holding candidate.py and a copy of harness.py; `python -I harness.py` in its
+own session (process group) with a scrubbed environment (no engine secrets); rlimits on CPU
+time, address space, file size, core dumps and open files; a wall-clock timeout and an
+output cap; and the whole process group SIGKILLed at the end, so nothing the candidate
+started survives into the next evaluation.
+
+Results come back as JSON lines (see harness.py) and are parsed strictly; nothing the
+candidate made is ever unpickled or executed here.
+
+Limits of the process backend (the Docker backend is the real jail):
+- it is not a filesystem jail: the candidate runs as the engine's user and can read or write
+  any file that user can (RLIMIT_FSIZE only caps the size of each file it writes); HOME and
+  TMPDIR point into the temp dir, which is deleted afterwards;
+- it is not a PID jail: the candidate can read /proc of other processes of the same user,
+  including /proc/<engine pid>/environ (checked: it can), so the scrubbed environment keeps
+  secrets out of os.environ but not out of reach; and a child that calls setsid() leaves
+  the process group and escapes the final kill;
+- RLIMIT_NPROC is not used: it counts every process of the user (and root ignores it).
+  Fork bombs are contained by the wall-clock timeout killing the whole group instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evolve.config import SandboxLimits
+
+# Read once: a candidate that rewrites harness.py on disk cannot change later runs.
+HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text()
+LOG_NAME = "candidate.log"  # written by the harness in the work dir
+LOG_TAIL_BYTES = 2048
+FILE_SIZE_LIMIT = 16 * 1024 * 1024  # per file the candidate writes (its log included)
+MAX_CASE_ERROR_CHARS = 4000
+EXIT_POLL_S = 0.05
+DRAIN_S = 2.0  # after the group is killed the pipe must hit EOF quickly
+DONE_LINE = b'{"done": true}\n'  # the harness's last line, exactly as json.dumps writes it
+
+
+@dataclass
+class SandboxResult:
+    status: str  # "ok" (harness finished), "error" (crashed / killed / garbled), "timeout"
+    outputs: dict[str, Any]  # case name -> plain output data
+    case_errors: dict[str, str]  # case name -> error text (exception in candidate, or missing)
+    log_tail: str  # last ~2 KB of candidate.log (its prints / stderr)
+    elapsed_s: float
+    detail: str = ""  # why status is error / timeout
+
+
+@dataclass
+class _Collected:
+    stdout: bytes = b""
+    timed_out: bool = False
+    overflow: bool = False
+    returncode: int | None = None
+    extra: list[str] = field(default_factory=list)  # sandbox-side problems worth reporting
+
+
+class ProcessSandbox:
+    def __init__(self, limits: SandboxLimits):
+        self.limits = limits
+
+    async def run(self, code: str, entry_point: str, cases: list[dict]) -> SandboxResult:
+        start = time.monotonic()
+        workdir = Path(tempfile.mkdtemp(prefix="evolve-sandbox-"))
+        try:
+            (workdir / "candidate.py").write_text(code)
+            (workdir / "harness.py").write_text(HARNESS_SOURCE)
+            spec = {"program": "candidate.py", "entry_point": entry_point, "cases": cases}
+            collected = await self._execute(workdir, json.dumps(spec).encode())
+            log_tail = _read_tail(workdir / LOG_NAME)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        names = [case["name"] for case in cases]
+        outputs, case_errors, done = _parse_lines(collected.stdout, names)
+        status, detail = _verdict(collected, done, self.limits)
+        for name in names:
+            if name not in outputs and name not in case_errors:
+                case_errors[name] = f"no result ({detail or 'harness reported nothing'})"
+        return SandboxResult(status, outputs, case_errors, log_tail,
+                             time.monotonic() - start, detail)
+
+    async def _execute(self, workdir: Path, spec: bytes) -> _Collected:
+        with open(workdir / LOG_NAME, "wb") as log:  # catches harness errors before redirection
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "harness.py",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                cwd=workdir, env=self._environment(workdir), start_new_session=True)
+        pgid = proc.pid  # start_new_session: the harness leads its own group
+        try:
+            return await self._feed_and_collect(proc, pgid, spec)
+        except BaseException:  # cancelled (engine shutting down) or an engine-side bug
+            _kill_group(pgid)
+            raise
+
+    async def _feed_and_collect(self, proc, pgid: int, spec: bytes) -> _Collected:
+        try:
+            # Limits are set from outside with prlimit rather than in a preexec_fn (which is
+            # unsafe when the engine has threads). The harness runs no candidate code until
+            # it has read the spec, and the spec is only written after this call.
+            _apply_limits(proc.pid, self.limits)
+            proc.stdin.write(spec)
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (OSError, ValueError) as exc:  # harness died at once, or prlimit refused
+            _kill_group(pgid)
+            await _reap(proc)
+            return _Collected(returncode=proc.returncode, extra=[f"could not start: {exc}"])
+        return await self._collect(proc, pgid)
+
+    async def _collect(self, proc, pgid: int) -> _Collected:
+        collected = _Collected()
+        buffer = bytearray()
+        cap = self.limits.output_kb * 1024
+        reader = asyncio.create_task(_read_until_done(proc.stdout, buffer, cap))
+        exited = asyncio.create_task(_wait_exit(proc))
+        try:
+            done, _ = await asyncio.wait({reader, exited}, timeout=self.limits.timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            collected.timed_out = not done
+        except BaseException:
+            reader.cancel()
+            raise
+        finally:
+            # Always: background processes and forked workers of the candidate die here.
+            _kill_group(pgid)
+            exited.cancel()
+        try:
+            collected.overflow = await asyncio.wait_for(reader, DRAIN_S)
+        except asyncio.TimeoutError:  # someone outside the group (setsid) holds the pipe
+            collected.extra.append("results pipe still held by an escaped process")
+        await _reap(proc)
+        collected.stdout = bytes(buffer)
+        collected.returncode = proc.returncode
+        return collected
+
+    def _environment(self, workdir: Path) -> dict[str, str]:
+        """Only what Python needs; never the engine's environment (API keys live there)."""
+        threads = str(max(1, int(self.limits.cpus)))
+        return {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(workdir),
+            "TMPDIR": str(workdir),
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": threads,
+            "OPENBLAS_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+
+
+def _apply_limits(pid: int, limits: SandboxLimits) -> None:
+    cpu_s = math.ceil(limits.timeout_s * limits.cpus) + 1
+    memory = limits.memory_mb * 1024 * 1024
+    for which, soft, hard in [
+        (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
+        (resource.RLIMIT_AS, memory, memory),
+        (resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT, FILE_SIZE_LIMIT),
+        (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_NOFILE, 256, 256),
+    ]:
+        resource.prlimit(pid, which, (soft, hard))
+
+
+async def _read_until_done(stream: asyncio.StreamReader, buffer: bytearray, cap: int) -> bool:
+    """Read results until EOF or the harness's final line; True if the output hit the cap.
+
+    Stopping at the done line matters: forked workers of the candidate (e.g. a
+    multiprocessing pool it never closed) still hold the pipe, so EOF would only come at
+    the timeout. A forged early done line just ends the candidate's own run early.
+    """
+    while chunk := await stream.read(65536):
+        scan_from = max(0, len(buffer) - len(DONE_LINE))  # the line may span two chunks
+        buffer += chunk
+        if len(buffer) > cap:
+            del buffer[cap:]
+            return True
+        if DONE_LINE in buffer[scan_from:]:
+            return False
+    return False
+
+
+async def _wait_exit(proc) -> None:
+    # proc.wait() would also wait for the pipes to close, which forked children can delay;
+    # returncode is set as soon as the harness itself exits.
+    while proc.returncode is None:
+        await asyncio.sleep(EXIT_POLL_S)
+
+
+async def _reap(proc) -> None:
+    try:
+        await asyncio.wait_for(proc.wait(), DRAIN_S)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:
+    """Untrusted lines -> (outputs, case_errors, done). Anything malformed is ignored."""
+    wanted = set(names)
+    outputs: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for line in stdout.split(b"\n"):
+        try:
+            record = json.loads(line)
+        except Exception:  # not JSON, or nested so deeply that the parser gives up
+            continue
+        if record == {"done": True}:
+            return outputs, errors, True  # lines after the harness's last word do not count
+        if not isinstance(record, dict) or len(record) != 2:
+            continue
+        name = record.get("case")
+        if name not in wanted or name in outputs or name in errors:
+            continue  # unknown case, or not the first line for it
+        if "output" in record:
+            outputs[name] = record["output"]
+        elif isinstance(record.get("error"), str):
+            errors[name] = record["error"][:MAX_CASE_ERROR_CHARS]
+    return outputs, errors, False
+
+
+def _verdict(collected: _Collected, done: bool, limits: SandboxLimits) -> tuple[str, str]:
+    extra = "; ".join(collected.extra)
+    if collected.overflow:
+        return "error", f"output over {limits.output_kb} KB"
+    if done:
+        return "ok", extra
+    if collected.timed_out:
+        return "timeout", f"timed out after {limits.timeout_s:g} s"
+    return "error", "; ".join(filter(None, [_describe_exit(collected.returncode), extra]))
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "harness did not finish"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = {"SIGKILL": " (memory limit?)", "SIGXCPU": " (CPU time limit)",
+                "SIGSEGV": " (crash in native code?)"}.get(name, "")
+        return f"killed by {name}{hint}"
+    return f"harness exited with code {returncode} before finishing"
+
+
+def _read_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+            return log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,264 @@
+"""The process sandbox with real processes: limits, kills, isolation, strict parsing."""
+import asyncio
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from evolve.config import SandboxLimits
+from evolve.sandbox import ProcessSandbox
+
+ONE_CASE = [{"name": "a", "args": {"n": 3}}]
+FAKE_LINE = '{"case": "a", "output": 99}'
+
+
+async def run(code, cases=ONE_CASE, entry_point="f", **limits):
+    limits = {"timeout_s": 2.0, "memory_mb": 512, **limits}
+    sandbox = ProcessSandbox(SandboxLimits(**limits))
+    return await sandbox.run(textwrap.dedent(code), entry_point, cases)
+
+
+def live_processes(pgid=None, pid=None):
+    """Non-zombie processes in a process group (or with a pid), read from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        state, pgrp = fields[0], int(fields[2])
+        this_pid = int(stat.parent.name)
+        if state != "Z" and (pgrp == pgid or this_pid == pid):
+            found.append(this_pid)
+    return found
+
+
+def wait_until_gone(**which):
+    deadline = time.monotonic() + 2.0  # SIGKILL is delivered asynchronously
+    while live_processes(**which) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return live_processes(**which)
+
+
+async def test_normal_candidate_returns_plain_data():
+    result = await run("""
+        import numpy as np
+        def f(n):
+            print("working on", n)
+            return np.arange(n) / 2, (1, True, None, "s", {"k": np.float64(2.5)})
+    """, cases=[{"name": "a", "args": {"n": 3}}, {"name": "b", "args": {"n": 1}}])
+    assert result.status == "ok", result
+    assert result.outputs == {"a": [[0.0, 0.5, 1.0], [1, True, None, "s", {"k": 2.5}]],
+                              "b": [[0.0], [1, True, None, "s", {"k": 2.5}]]}
+    assert result.case_errors == {}
+    assert "working on 3" in result.log_tail
+
+
+async def test_nan_and_inf_pass_through_for_the_scorer_to_reject():
+    result = await run("def f(n): return [float('nan'), float('inf')]")
+    value = result.outputs["a"]
+    assert value[0] != value[0] and value[1] == float("inf")
+
+
+async def test_entry_point_raising_is_a_case_error():
+    result = await run("""
+        def f(n):
+            if n == 3:
+                raise ValueError("boom")
+            return n
+    """, cases=[{"name": "a", "args": {"n": 3}}, {"name": "b", "args": {"n": 4}}])
+    assert result.status == "ok"
+    assert result.outputs == {"b": 4}
+    assert result.case_errors["a"].startswith("ValueError: boom")
+
+
+async def test_import_failure_fails_every_case():
+    result = await run("def f(n) return n", cases=[{"name": "a", "args": {}}, {"name": "b", "args": {}}])
+    assert result.status == "ok" and result.outputs == {}
+    assert all("SyntaxError" in error for error in result.case_errors.values())
+    missing = await run("def g(n): return n")
+    assert "AttributeError" in missing.case_errors["a"]
+
+
+async def test_non_plain_output_and_sys_exit_are_case_errors():
+    result = await run("""
+        import sys
+        def f(n):
+            if n == 1:
+                sys.exit(0)
+            return object()
+    """, cases=[{"name": "a", "args": {"n": 0}}, {"name": "b", "args": {"n": 1}}])
+    assert result.case_errors["a"] == "output is not plain data: object"
+    assert result.case_errors["b"].startswith("SystemExit")
+
+
+async def test_infinite_loop_times_out_and_keeps_earlier_outputs():
+    start = time.monotonic()
+    result = await run("""
+        def f(n):
+            while n == 2:
+                pass
+            return n
+    """, cases=[{"name": "a", "args": {"n": 1}}, {"name": "b", "args": {"n": 2}}], timeout_s=1.0)
+    assert time.monotonic() - start < 2.0
+    assert result.status == "timeout"
+    assert result.outputs == {"a": 1}
+    assert "no result" in result.case_errors["b"]
+
+
+async def test_sleep_forever_times_out():
+    result = await run("import time\ndef f(n):\n    time.sleep(1000)\n", timeout_s=1.0)
+    assert result.status == "timeout" and result.elapsed_s < 2.0
+
+
+async def test_fork_bomb_is_killed_with_its_whole_group(tmp_path):
+    pgid_file = tmp_path / "pgid"
+    result = await run(f"""
+        import os, time
+        def f(n):
+            open({str(pgid_file)!r}, "w").write(str(os.getpgid(0)))
+            for _ in range(7):  # bounded: up to 128 processes, all sleeping
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+            while True:
+                time.sleep(1)
+    """, timeout_s=1.0)
+    assert result.status in ("timeout", "error")
+    pgid = int(pgid_file.read_text())
+    assert wait_until_gone(pgid=pgid) == []
+
+
+async def test_background_process_is_killed_after_the_run():
+    result = await run("""
+        import subprocess
+        def f(n):
+            return subprocess.Popen(["sleep", "1000"], start_new_session=False).pid
+    """)
+    assert result.status == "ok", result
+    assert wait_until_gone(pid=result.outputs["a"]) == []
+
+
+async def test_forgotten_multiprocessing_pool_does_not_wait_for_the_timeout():
+    # Forked workers hold the results pipe; the run must end at the harness's last line.
+    result = await run("""
+        import multiprocessing
+        def square(x):
+            return x * x
+        def f(n):
+            return multiprocessing.get_context("fork").Pool(2).map(square, range(n))
+    """, timeout_s=3.0)
+    assert result.status == "ok" and result.outputs == {"a": [0, 1, 4]}
+    assert result.elapsed_s < 2.0
+
+
+async def test_memory_bomb_fails_cleanly():
+    result = await run("""
+        def f(n):
+            blocks = []
+            while True:
+                blocks.append(bytearray(64 * 1024 * 1024))
+    """, memory_mb=256)
+    assert result.status == "error" or "MemoryError" in result.case_errors["a"], result
+
+
+async def test_engine_environment_is_not_visible(monkeypatch):
+    monkeypatch.setenv("EVOLVE_SECRET_TEST", "hunter2")
+    result = await run("import os\ndef f(n): return [os.environ.get('EVOLVE_SECRET_TEST'), sorted(os.environ)]")
+    secret, names = result.outputs["a"]
+    assert secret is None
+    assert set(names) <= {"PATH", "HOME", "TMPDIR", "LANG", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                          "MKL_NUM_THREADS", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+
+
+async def test_printing_megabytes_does_not_flood_the_engine():
+    result = await run("""
+        import os, sys
+        def f(n):
+            chunk = "x" * (1 << 20)
+            for _ in range(40):  # 40 MB, over the 16 MiB file-size limit of the log
+                print(chunk)
+                os.write(2, chunk.encode())
+            return n
+    """, timeout_s=5.0)
+    assert result.status == "ok"
+    assert result.outputs.get("a") == 3 or "File too large" in result.case_errors["a"]
+    assert len(result.log_tail) <= 2048
+
+
+async def test_output_over_the_cap_is_an_error():
+    result = await run("def f(n): return [0.5] * 1_000_000", output_kb=64)
+    assert result.status == "error" and "output over 64 KB" in result.detail
+    assert result.outputs == {}
+
+
+async def test_fake_result_lines_on_stdout_go_to_the_log():
+    result = await run("""
+        import os
+        FAKE = '{"case": "a", "output": 99}'
+        print(FAKE)
+        def f(n):
+            print(FAKE, flush=True)
+            os.write(1, (FAKE + "\\n").encode())
+            os.write(2, (FAKE + "\\n").encode())
+            return 1
+    """)
+    assert result.outputs == {"a": 1}
+    assert FAKE_LINE in result.log_tail
+
+
+async def test_work_dir_is_private_and_removed_and_files_are_size_capped(tmp_path):
+    # Not a filesystem jail (see sandbox.py); what holds: the work dir is fresh and deleted,
+    # and no single file the candidate writes can grow past the file-size limit.
+    outside = tmp_path / "big.bin"
+    result = await run(f"""
+        import os
+        def f(n):
+            here = os.getcwd()
+            listing = sorted(os.listdir(here))
+            with open({str(outside)!r}, "wb") as big:
+                try:
+                    for _ in range(32):
+                        big.write(b"x" * (1 << 20))
+                        big.flush()
+                except OSError as exc:
+                    return [here, listing, str(exc)]
+            return [here, listing, "wrote it all"]
+    """)
+    here, listing, outcome = result.outputs["a"]
+    assert listing == ["candidate.log", "candidate.py", "harness.py"]
+    assert not os.path.exists(here)
+    assert "File too large" in outcome
+    assert outside.stat().st_size <= 16 * 1024 * 1024
+
+
+async def test_crash_without_finishing_is_an_error_with_the_reason():
+    result = await run("""
+        import os
+        def f(n):
+            if n == 2:
+                os._exit(3)
+            return n
+    """, cases=[{"name": "a", "args": {"n": 1}}, {"name": "b", "args": {"n": 2}}])
+    assert result.status == "error" and "exited with code 3" in result.detail
+    assert result.outputs == {"a": 1} and "no result" in result.case_errors["b"]
+
+
+async def test_killed_by_signal_is_named():
+    result = await run("import os, signal\ndef f(n): os.kill(os.getpid(), signal.SIGSEGV)")
+    assert result.status == "error" and "SIGSEGV" in result.detail
+
+
+async def test_concurrent_runs_do_not_mix():
+    code = "def f(n): return n"
+    results = await asyncio.gather(*(run(code, cases=[{"name": "a", "args": {"n": i}}]) for i in range(4)))
+    assert [r.outputs["a"] for r in results] == [0, 1, 2, 3]
+
+
+def test_harness_is_standalone():
+    source = (Path(__file__).resolve().parents[1] / "evolve" / "harness.py").read_text()
+    imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert imports and not any("evolve" in line for line in imports)
