@@ -1,0 +1,253 @@
+"""The asynchronous search loop: ask -> mutate -> evaluate -> tell.
+
+It only orchestrates. Children are stored as `pending` the moment their answer is parsed,
+so an interrupt loses no generated code: a resume evaluates what is pending first. The
+budget counts evaluated candidates (DESIGN §8), claimed before each evaluation starts, so
+a run never evaluates more than it was given.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from sqlalchemy import select
+
+from .code import MutationError, apply_answer, split_answers
+from .config import Budget, Policy, Problem
+from .database import ProgramDatabase
+from .evaluator import Evaluator
+from .policy import PolicyClient, build_messages, dump_messages
+from .schema import Completion, Evaluation, LLMCall, Program, Session
+
+
+@dataclass
+class Stats:
+    """Counters for the progress line (this session only)."""
+    started: float = field(default_factory=time.time)
+    calls: int = 0
+    tokens: int = 0
+    llm_s: float = 0.0
+    answers: int = 0
+    applied: int = 0
+    evaluated: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class Controller:
+    def __init__(self, problem: Problem, policy: Policy, db: ProgramDatabase, evaluator: Evaluator,
+                 client: PolicyClient, budget: Budget, seed: int,
+                 report: Callable[[str], None] = print):
+        self.problem, self.policy, self.db = problem, policy, db
+        self.evaluator, self.client, self.budget = evaluator, client, budget
+        self.seed = seed
+        self.report = report
+        self.stats = Stats()
+        self.claimed = 0  # evaluations started this session
+        self.eval_slots = asyncio.Semaphore(budget.eval_concurrency)
+        self.in_flight: set[asyncio.Task] = set()
+        self.stop_reason: str | None = None
+
+    # ---- top level -----------------------------------------------------------------------
+    async def run(self) -> str:
+        session = Session(run_id=self.db.run_id)
+        self.db.add(session)
+        self.base_evals = self.db.evaluations_done()
+        self.base_calls = self.db.llm_calls_done()
+        self.past_wall = self._past_wall_time()
+        # Seeded from the run seed and how far the run got, so a resume is reproducible too.
+        self.rng = np.random.default_rng([self.seed, self.base_calls])
+        try:
+            await self._ensure_seed()
+            await self._resume_pending()
+            await asyncio.gather(*(self._generate_loop() for _ in range(self.budget.llm_concurrency)))
+            await self._drain()
+            self.stop_reason = self.stop_reason or "budget reached"
+        except asyncio.CancelledError:
+            self.stop_reason = "interrupted"
+            await self._cancel_in_flight()
+        finally:
+            session.ended_at, session.stop_reason = time.time(), self.stop_reason or "error"
+            self.db.session.commit()
+        return self.stop_reason
+
+    def _past_wall_time(self) -> float:
+        rows = self.db.session.scalars(select(Session).where(Session.run_id == self.db.run_id,
+                                                             Session.ended_at.is_not(None)))
+        return sum(r.ended_at - r.started_at for r in rows)
+
+    def _budget_left(self) -> str | None:
+        """The reason to stop asking, or None."""
+        b = self.budget
+        if self.base_evals + self.claimed >= b.max_evaluations:
+            return "budget reached"
+        if b.max_llm_calls is not None and self.base_calls + self.stats.calls >= b.max_llm_calls:
+            return "llm call budget reached"
+        if b.wall_time_s is not None and self.past_wall + time.time() - self.stats.started >= b.wall_time_s:
+            return "wall time reached"
+        return None
+
+    # ---- seed and pending ----------------------------------------------------------------
+    async def _ensure_seed(self) -> None:
+        if self.db.count():
+            return
+        code = self.problem.resolve(self.problem.program).read_text()
+        seed = Program(code=code, island=0, origin="seed", generation=0, status="pending")
+        started = time.time()
+        result = await self.evaluator.evaluate(code)
+        if result.status != "ok":
+            raise RuntimeError(f"the seed program {self.problem.program} is not valid: "
+                               f"{result.status}: {result.error}")
+        _fill(seed, result)
+        first = self.db.add_seed(seed)[0]
+        self.db.add(Evaluation(program_id=first.id, backend=self.problem.sandbox.backend,
+                               status=result.status, started_at=started, elapsed_s=result.elapsed_s))
+        self.report(f"seed: {self.problem.headline} = {result.headline:.6f}, "
+                    f"objective {result.objective:.4f}")
+
+    async def _resume_pending(self) -> None:
+        pending = self.db.session.scalars(select(Program).where(
+            Program.run_id == self.db.run_id, Program.status == "pending").order_by(Program.id)).all()
+        if pending:
+            self.report(f"resume: evaluating {len(pending)} pending children first")
+            await self._evaluate_group(list(pending))
+
+    # ---- generation ----------------------------------------------------------------------
+    async def _generate_loop(self) -> None:
+        while (reason := self._budget_left()) is None:
+            await self._one_group()
+        self.stop_reason = self.stop_reason or reason
+
+    async def _one_group(self) -> None:
+        call_index = self.base_calls + self.stats.calls
+        self.stats.calls += 1
+        island = call_index % len(self.db.islands)
+        ask = self.db.ask(island, self.rng)
+        m = self.policy.answers
+        messages = build_messages(self.problem, ask.parent, ask.inspirations, m,
+                                  self.policy.sampling.max_prompt_tokens)
+        version = self.db.policy_version()
+        call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
+                       model=self.client.model, prompt=dump_messages(messages),
+                       n=self.policy.sampling.group_size, started_at=time.time())
+        try:
+            sample = await self.client.sample(messages, call.n, seed=self.seed * 1_000_003 + call_index)
+        except Exception as exc:  # the server answered badly: record it, the search goes on
+            call.error = f"{type(exc).__name__}: {exc}"[:2000]
+            self.db.add_call(call)
+            self.report(f"llm call failed: {call.error[:200]}")
+            await asyncio.sleep(1.0)
+            return
+        call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
+        call.latency_s = sample.latency_s
+        self.db.add_call(call)
+        self.stats.tokens += sample.completion_tokens or 0
+        self.stats.llm_s += sample.latency_s
+        children = self._children(ask, call, sample, m)
+        task = asyncio.create_task(self._finish_group(island, children))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    def _children(self, ask, call: LLMCall, sample, m: int) -> list[Program]:
+        """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
+        children = []
+        for i, text in enumerate(sample.texts):
+            completion = Completion(call_id=call.id, index=i, text=text,
+                                    finish_reason=sample.finish_reasons[i])
+            self.db.add(completion)
+            for j, answer in enumerate(split_answers(text, m)):
+                child = Program(island=ask.island, parent_id=ask.parent.id, origin="mutation",
+                                generation=ask.parent.generation + 1, completion_id=completion.id,
+                                answer_index=j, status="pending")
+                self.stats.answers += 1
+                try:
+                    child.code = apply_answer(ask.parent.code, answer)
+                    self.stats.applied += 1
+                except MutationError as exc:
+                    child.status, child.error = "mutation_failed", str(exc)
+                self.db.tell(child)
+                children.append(child)
+        return children
+
+    async def _finish_group(self, island: int, children: list[Program]) -> None:
+        await self._evaluate_group(children)
+        migrant = self.db.advance(island)
+        if migrant is not None:
+            self.report(f"migration: island {island} -> {migrant.island}, objective {migrant.objective:.4f}")
+        self._progress()
+
+    # ---- evaluation ----------------------------------------------------------------------
+    async def _evaluate_group(self, children: list[Program]) -> None:
+        """Evaluate each distinct pending child once; duplicates copy the stored result."""
+        first_of: dict[str, Program] = {}
+        jobs, dups = [], []
+        for child in children:
+            if child.status != "pending":
+                continue
+            known = first_of.get(child.code_hash) or self.db.find_duplicate(child.code)
+            if known is not None:
+                dups.append((child, known))
+            else:
+                first_of[child.code_hash] = child
+                jobs.append(self._evaluate(child))
+        await asyncio.gather(*jobs)
+        for child, original in dups:
+            if original.status == "pending":  # its evaluation did not run (budget): stay pending
+                continue
+            child.duplicate_of = original.id
+            _copy_result(child, original)
+            self.db.tell_result(child)
+
+    async def _evaluate(self, child: Program) -> None:
+        async with self.eval_slots:
+            if self.base_evals + self.claimed >= self.budget.max_evaluations:
+                return  # over budget: the child stays pending for a resume with a larger budget
+            self.claimed += 1
+            started = time.time()
+            result = await self.evaluator.evaluate(child.code)
+        _fill(child, result)
+        self.stats.evaluated += 1
+        self.stats.statuses[result.status] = self.stats.statuses.get(result.status, 0) + 1
+        best_before = self.db.best()
+        evaluation = Evaluation(backend=self.problem.sandbox.backend, status=result.status,
+                                started_at=started, elapsed_s=result.elapsed_s, error=result.error)
+        self.db.tell_result(child, evaluation)
+        if result.status == "ok" and best_before is not None and result.objective > best_before.objective:
+            self.report(f"new best #{child.id}: {self.problem.headline} = {result.headline:.6f}, "
+                        f"objective {result.objective:.4f} (+{result.objective - best_before.objective:.4f})")
+
+    async def _drain(self) -> None:
+        while self.in_flight:
+            await asyncio.gather(*list(self.in_flight))
+
+    async def _cancel_in_flight(self) -> None:
+        for task in list(self.in_flight):
+            task.cancel()
+        await asyncio.gather(*list(self.in_flight), return_exceptions=True)
+
+    # ---- reporting -----------------------------------------------------------------------
+    def _progress(self) -> None:
+        s = self.stats
+        minutes = max(time.time() - s.started, 1e-9) / 60
+        best = self.db.best()
+        valid = f"{s.applied}/{s.answers}" if s.answers else "-"
+        statuses = " ".join(f"{k}={v}" for k, v in sorted(s.statuses.items()))
+        self.report(
+            f"[{self.base_evals + self.claimed}/{self.budget.max_evaluations} evals] "
+            f"best {self.problem.headline}={best.headline:.6f} (#{best.id}) | applied {valid} | "
+            f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
+            f"{s.tokens / max(s.llm_s, 1e-9):.0f} tok/s")
+
+
+def _fill(program: Program, result) -> None:
+    program.status, program.error = result.status, result.error
+    program.fitness, program.raw = result.components, result.raw
+    program.objective, program.headline = result.objective, result.headline
+    program.descriptors = result.descriptors or None
+
+
+def _copy_result(child: Program, original: Program) -> None:
+    for name in ("status", "error", "fitness", "raw", "objective", "headline", "descriptors"):
+        setattr(child, name, getattr(original, name))

@@ -1,0 +1,134 @@
+"""The mutator: prompts built from a parent and inspirations, answered by an
+OpenAI-compatible server (the embedded vLLM, a GPU vLLM, or a hosted API)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from openai import AsyncOpenAI
+
+from .code import evolve_block
+from .config import Policy, Problem
+
+SYSTEM = """You are an expert programmer improving a program by evolution.
+You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`.
+Answer with one or more SEARCH/REPLACE blocks. The SEARCH part must copy lines of the
+current program exactly (including indentation); the REPLACE part is the new code:
+
+<<<<<<< SEARCH
+exact lines from the current program
+=======
+new lines that replace them
+>>>>>>> REPLACE
+
+Keep the function names and return format. Do not explain at length: a short sentence
+of intent, then the blocks."""
+
+# Small models produce valid diffs only after seeing one (DESIGN §6: 0/10 zero-shot,
+# 6-10/10 with one example), so every prompt carries this worked example.
+EXAMPLE = '''### Example
+Program:
+```python
+# EVOLVE-BLOCK-START
+def spread(n):
+    xs = [i / n for i in range(n)]
+    return xs
+# EVOLVE-BLOCK-END
+```
+Answer: centre the points instead of starting at 0.
+<<<<<<< SEARCH
+    xs = [i / n for i in range(n)]
+=======
+    xs = [(i + 0.5) / n for i in range(n)]
+>>>>>>> REPLACE
+'''
+
+
+def scores_line(program, problem: Problem) -> str:
+    """What the model is told about a program: its status, headline and vector fitness."""
+    if program.status != "ok":
+        return f"status {program.status}"
+    comps = ", ".join(f"{k}={v:.4f}" for k, v in (program.fitness or {}).items())
+    return (f"{problem.headline} = {program.headline:.6f}; objective {program.objective:.4f}; "
+            f"normalised components: {comps}")
+
+
+def _program_section(title: str, program, problem: Problem, whole: bool) -> str:
+    code = program.code if whole else evolve_block(program.code)
+    return f"### {title} ({scores_line(program, problem)})\n```python\n{code.rstrip()}\n```\n"
+
+
+def _answer_instructions(m: int) -> str:
+    if m == 1:
+        return "Propose one improvement as SEARCH/REPLACE blocks against the current program."
+    tags = " ".join(f"<answer_{i}>...</answer_{i}>" for i in range(1, m + 1))
+    return (f"Propose {m} genuinely different improvements, each aiming at a different trade-off "
+            f"between the components. Write each as its own SEARCH/REPLACE blocks against the current "
+            f"program, inside numbered sections: {tags}. Later answers should differ from earlier ones.")
+
+
+def build_messages(problem: Problem, parent, inspirations: list, m: int,
+                   max_prompt_tokens: int) -> list[dict]:
+    """Chat messages for one mutation request, dropping inspirations to stay in budget."""
+    insp = list(inspirations)
+    while True:
+        user = (f"## Problem\n{problem.description.strip()}\n\n"
+                + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
+                          for i, p in enumerate(insp))
+                + _program_section("Current program", parent, problem, True)
+                + "\n" + EXAMPLE + "\n## Task\n" + _answer_instructions(m))
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        if not insp or estimate_tokens(messages) <= max_prompt_tokens:
+            return messages
+        insp.pop()  # the last inspirations are the least useful (diverse ones come last)
+
+
+def estimate_tokens(messages: list[dict]) -> int:
+    # ~3.5 characters per token for code with BPE tokenizers; only used for budgeting.
+    return int(sum(len(m["content"]) for m in messages) / 3.5) + 8
+
+
+@dataclass
+class Sample:
+    texts: list[str]
+    finish_reasons: list[str | None]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    started_at: float
+    latency_s: float
+
+
+class PolicyClient:
+    """Async OpenAI-compatible client; one call samples a whole group with `n`."""
+
+    def __init__(self, policy: Policy, base_url: str, model: str):
+        self.policy = policy
+        self.model = model
+        key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
+        self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=2,
+                                  timeout=1800)
+
+    async def sample(self, messages: list[dict], n: int, seed: int | None = None) -> Sample:
+        s = self.policy.sampling
+        extra = {"seed": seed} if (s.seed_requests and seed is not None) else {}
+        started = time.time()
+        resp = await self.client.chat.completions.create(
+            model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
+            max_tokens=s.max_tokens, **extra)
+        choices = sorted(resp.choices, key=lambda c: c.index)
+        usage = resp.usage
+        return Sample(texts=[c.message.content or "" for c in choices],
+                      finish_reasons=[c.finish_reason for c in choices],
+                      prompt_tokens=usage.prompt_tokens if usage else None,
+                      completion_tokens=usage.completion_tokens if usage else None,
+                      started_at=started, latency_s=time.time() - started)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def dump_messages(messages: list[dict]) -> str:
+    """Prompts are stored as the exact chat messages so training can re-render them."""
+    return json.dumps(messages, ensure_ascii=False)

@@ -1,0 +1,41 @@
+"""Prompt building: worked example, scores, multi-answer instructions, length budget."""
+from pathlib import Path
+
+from evolve.config import load_problem
+from evolve.policy import EXAMPLE, build_messages, estimate_tokens
+from evolve.schema import Program
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
+SEED = (ROOT / "problems" / "circle_packing" / "seed.py").read_text()
+
+
+def prog(objective, code=SEED):
+    return Program(code=code, status="ok", objective=objective, headline=objective * 2.6,
+                   fitness={c.name: objective for c in PROBLEM.components})
+
+
+def test_prompt_has_problem_parent_scores_and_example():
+    msgs = build_messages(PROBLEM, prog(0.8), [prog(0.9)], m=1, max_prompt_tokens=6000)
+    user = msgs[1]["content"]
+    assert msgs[0]["role"] == "system" and "SEARCH" in msgs[0]["content"]
+    assert "Pack n disjoint circles" in user and EXAMPLE in user
+    assert "Current program (n26 = 2.080000; objective 0.8000" in user
+    assert "Inspiration 1" in user and "n27=0.9000" in user
+    assert user.index("Inspiration 1") < user.index("Current program")  # parent last, next to the task
+
+
+def test_multi_answer_prompt_names_numbered_sections():
+    user = build_messages(PROBLEM, prog(0.8), [], m=3, max_prompt_tokens=6000)[1]["content"]
+    assert "3 genuinely different" in user
+    assert all(f"<answer_{i}>" in user for i in (1, 2, 3))
+
+
+def test_inspirations_dropped_to_fit_budget_but_parent_kept():
+    big = SEED + "\n".join(f"# filler line {i} " + "x" * 80 for i in range(200))
+    big = big.replace("# EVOLVE-BLOCK-END", "") + "\n# EVOLVE-BLOCK-END\n"
+    insp = [prog(0.9, big), prog(0.85, big), prog(0.7, big)]
+    full = build_messages(PROBLEM, prog(0.8), insp, m=1, max_prompt_tokens=100_000)
+    tight = build_messages(PROBLEM, prog(0.8), insp, m=1, max_prompt_tokens=estimate_tokens(full) // 2)
+    assert estimate_tokens(tight) <= estimate_tokens(full) // 2
+    assert "Current program" in tight[1]["content"] and "Inspiration 3" not in tight[1]["content"]
