@@ -14,8 +14,8 @@ from .config import Policy, Problem
 
 SYSTEM = """You are an expert programmer improving a program by evolution.
 You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`.
-Answer with one or more SEARCH/REPLACE blocks. The SEARCH part must copy lines of the
-current program exactly (including indentation); the REPLACE part is the new code:
+Answer with SEARCH/REPLACE blocks. SEARCH copies lines of the current program exactly,
+indentation included; REPLACE holds the new lines:
 
 <<<<<<< SEARCH
 exact lines from the current program
@@ -23,27 +23,52 @@ exact lines from the current program
 new lines that replace them
 >>>>>>> REPLACE
 
-Keep the function names and return format. Do not explain at length: a short sentence
-of intent, then the blocks."""
+Keep the function names and the return format. Write one short sentence of intent, then
+the blocks, nothing else."""
 
 # Small models produce valid diffs only after seeing one (DESIGN §6: 0/10 zero-shot,
-# 6-10/10 with one example), so every prompt carries this worked example.
-EXAMPLE = '''### Example
-Program:
-```python
+# 6-10/10 with one example). A worked example given as a previous chat turn is followed
+# far more reliably than one embedded in the instructions.
+EXAMPLE_PROGRAM = """import math
+
 # EVOLVE-BLOCK-START
-def spread(n):
-    xs = [i / n for i in range(n)]
-    return xs
+def place_points(n):
+    \"\"\"Return n points in the unit interval, as far apart as possible.\"\"\"
+    step = 1.0 / n
+    points = [i * step for i in range(n)]
+    return points
 # EVOLVE-BLOCK-END
-```
-Answer: centre the points instead of starting at 0.
-<<<<<<< SEARCH
-    xs = [i / n for i in range(n)]
-=======
-    xs = [(i + 0.5) / n for i in range(n)]
->>>>>>> REPLACE
-'''
+"""
+
+EXAMPLE_EDITS = [
+    ("Centre the points so the end gaps are equal.",
+     "    points = [i * step for i in range(n)]", "    points = [(i + 0.5) * step for i in range(n)]"),
+    ("Use the whole interval, both ends included.",
+     "    step = 1.0 / n\n    points = [i * step for i in range(n)]",
+     "    step = 1.0 / max(n - 1, 1)\n    points = [i * step for i in range(n)]"),
+    ("Spread the points with a cosine law.",
+     "    points = [i * step for i in range(n)]",
+     "    points = [0.5 - 0.5 * math.cos(math.pi * (i + 0.5) / n) for i in range(n)]"),
+]
+
+
+def _diff(search: str, replace: str) -> str:
+    return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
+
+
+def example_turns(m: int) -> list[dict]:
+    """A worked example as one user/assistant exchange, in the answer format asked for."""
+    user = (f"## Problem\nPlace n points in [0, 1] with the largest minimum gap.\n\n"
+            f"### Current program (min gap 0.0000)\n```python\n{EXAMPLE_PROGRAM}```\n\n"
+            f"## Task\n{_answer_instructions(m)}")
+    edits = [EXAMPLE_EDITS[i % len(EXAMPLE_EDITS)] for i in range(m)]
+    if m == 1:
+        intent, search, replace = edits[0]
+        answer = f"{intent}\n{_diff(search, replace)}"
+    else:
+        answer = "\n".join(f"<answer_{i}>\n{intent}\n{_diff(search, replace)}\n</answer_{i}>"
+                           for i, (intent, search, replace) in enumerate(edits, 1))
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
 def scores_line(program, problem: Problem) -> str:
@@ -78,8 +103,9 @@ def build_messages(problem: Problem, parent, inspirations: list, m: int,
                 + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
                           for i, p in enumerate(insp))
                 + _program_section("Current program", parent, problem, True)
-                + "\n" + EXAMPLE + "\n## Task\n" + _answer_instructions(m))
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+                + "\n## Task\n" + _answer_instructions(m))
+        messages = [{"role": "system", "content": SYSTEM}, *example_turns(m),
+                    {"role": "user", "content": user}]
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:
             return messages
         insp.pop()  # the last inspirations are the least useful (diverse ones come last)

@@ -2,7 +2,8 @@
 from pathlib import Path
 
 from evolve.config import load_problem
-from evolve.policy import EXAMPLE, build_messages, estimate_tokens
+from evolve.code import apply_answer
+from evolve.policy import EXAMPLE_PROGRAM, build_messages, estimate_tokens
 from evolve.schema import Program
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,16 +18,16 @@ def prog(objective, code=SEED):
 
 def test_prompt_has_problem_parent_scores_and_example():
     msgs = build_messages(PROBLEM, prog(0.8), [prog(0.9)], m=1, max_prompt_tokens=6000)
-    user = msgs[1]["content"]
-    assert msgs[0]["role"] == "system" and "SEARCH" in msgs[0]["content"]
-    assert "Pack n disjoint circles" in user and EXAMPLE in user
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]
+    user = msgs[-1]["content"]
+    assert "SEARCH" in msgs[0]["content"] and "Pack n disjoint circles" in user
     assert "Current program (n26 = 2.080000; objective 0.8000" in user
     assert "Inspiration 1" in user and "n27=0.9000" in user
     assert user.index("Inspiration 1") < user.index("Current program")  # parent last, next to the task
 
 
 def test_multi_answer_prompt_names_numbered_sections():
-    user = build_messages(PROBLEM, prog(0.8), [], m=3, max_prompt_tokens=6000)[1]["content"]
+    user = build_messages(PROBLEM, prog(0.8), [], m=3, max_prompt_tokens=6000)[-1]["content"]
     assert "3 genuinely different" in user
     assert all(f"<answer_{i}>" in user for i in (1, 2, 3))
 
@@ -38,4 +39,15 @@ def test_inspirations_dropped_to_fit_budget_but_parent_kept():
     full = build_messages(PROBLEM, prog(0.8), insp, m=1, max_prompt_tokens=100_000)
     tight = build_messages(PROBLEM, prog(0.8), insp, m=1, max_prompt_tokens=estimate_tokens(full) // 2)
     assert estimate_tokens(tight) <= estimate_tokens(full) // 2
-    assert "Current program" in tight[1]["content"] and "Inspiration 3" not in tight[1]["content"]
+    assert "Current program" in tight[-1]["content"] and "Inspiration 3" not in tight[-1]["content"]
+
+
+def test_worked_example_is_a_valid_answer_in_the_format_asked():
+    """The example turn must itself be a correct answer, or it teaches the wrong thing."""
+    from evolve.code import split_answers
+    for m in (1, 3):
+        example = build_messages(PROBLEM, prog(0.8), [], m=m, max_prompt_tokens=6000)[2]["content"]
+        answers = split_answers(example, m)
+        assert len(answers) == m
+        for answer in answers:
+            assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM

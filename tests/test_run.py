@@ -1,0 +1,140 @@
+"""End to end through the real parts: `evolve run` as a user runs it, against the real vLLM
+server (Qwen2.5-Coder-0.5B, the CPU default), the process sandbox and the SQLite database;
+then Ctrl-C and resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.orm import Session
+
+from evolve.config import Server
+from evolve.models import ensure_model
+from evolve.schema import Completion, Evaluation, LLMCall, Program
+from evolve.schema import Session as RunSession
+from evolve.server import VLLMServer
+
+pytestmark = pytest.mark.real
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM = ROOT / "problems" / "circle_packing.yaml"
+PORT = 8124
+MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module; `evolve run` finds it on the port and reuses it."""
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    settings = Server(port=PORT, max_model_len=8192, extra_args=["--enforce-eager"])
+    with VLLMServer(ensure_model(MODEL), MODEL, settings, log, seed=0) as srv:
+        yield srv
+
+
+@pytest.fixture
+def policy(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"""
+name: test-qwen
+model: {MODEL}
+server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
+sampling: {{temperature: 0.7, max_tokens: 320, group_size: 4, max_prompt_tokens: 4000}}
+""")
+    return path
+
+
+def evolve(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evolve.cli", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, **kw)
+
+
+def db_session(run_dir: Path) -> Session:
+    spec = json.loads((run_dir / "run.json").read_text())
+    return Session(create_engine(spec["db_url"]))
+
+
+def snapshot(s: Session) -> dict:
+    """Everything about stored programs that a resume must not change."""
+    return {p.id: (p.status, p.code, p.objective, json.dumps(p.fitness, sort_keys=True))
+            for p in s.scalars(select(Program)) if p.status != "pending"}
+
+
+def test_run_then_resume_with_real_server(server, policy, tmp_path):
+    run_dir = tmp_path / "run"
+    first = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "llm call budget reached" in first.stdout
+    with db_session(run_dir) as s:
+        calls = s.scalars(select(LLMCall)).all()
+        assert len(calls) == 2 and all(c.error is None and c.completion_tokens > 0 for c in calls)
+        assert s.scalar(select(func.count(Completion.id))) == 8  # n=4 per call
+        children = s.scalars(select(Program).where(Program.origin == "mutation")).all()
+        assert len(children) == 8  # m=1: one child per completion, failures included
+        assert all(c.status != "pending" for c in children)
+        for c in children:
+            assert c.status in ("ok", "invalid", "error", "timeout", "mutation_failed")
+            if c.status == "mutation_failed":
+                assert c.error and c.code is None
+        evaluated = [c for c in children if c.status in ("ok", "invalid", "error", "timeout")]
+        assert evaluated, "Qwen 0.5B applied none of 8 diffs: " + "; ".join(c.error for c in children)
+        for c in evaluated:
+            assert c.code and c.code != s.get(Program, c.parent_id).code
+            if c.status == "ok":
+                assert set(c.fitness) == {f"n{n}" for n in range(26, 33)} and c.objective > 0
+        before = snapshot(s)
+        evals_before = s.scalar(select(func.count(Evaluation.id)))
+
+    second = evolve("resume", run_dir, "--max-llm-calls", 3)
+    assert second.returncode == 0, second.stdout + second.stderr
+    with db_session(run_dir) as s:
+        assert s.scalar(select(func.count(LLMCall.id))) == 3
+        after = snapshot(s)
+        assert {k: after[k] for k in before} == before  # nothing stored changed
+        # nothing evaluated twice: each program has at most one evaluation row
+        per_program = s.execute(select(Evaluation.program_id, func.count()).group_by(Evaluation.program_id)).all()
+        assert all(n == 1 for _, n in per_program)
+        assert s.scalar(select(func.count(Evaluation.id))) >= evals_before
+        sessions = s.scalars(select(RunSession)).all()
+        assert [x.stop_reason for x in sessions] == ["llm call budget reached"] * 2
+
+
+def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", str(PROBLEM), "--policy", str(policy),
+                             "--run-dir", str(run_dir), "--max-llm-calls", "3"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    db = run_dir / "evolve.db"
+    while time.time() < deadline:  # interrupt once the first group is stored
+        if db.exists():
+            with db_session(run_dir) as s:
+                if s.scalar(select(func.count(LLMCall.id))):
+                    break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "stopped: interrupted" in out
+    with db_session(run_dir) as s:
+        assert s.scalars(select(RunSession)).one().stop_reason == "interrupted"
+        stored = snapshot(s)
+        assert s.scalar(select(func.count(LLMCall.id))) >= 1
+
+    done = evolve("resume", run_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with db_session(run_dir) as s:
+        assert s.scalar(select(func.count(LLMCall.id))) == 3
+        assert not s.scalars(select(Program).where(Program.status == "pending")).all()
+        after = snapshot(s)
+        assert {k: after[k] for k in stored} == stored
+        per_program = s.execute(select(Evaluation.program_id, func.count()).group_by(Evaluation.program_id)).all()
+        assert all(n == 1 for _, n in per_program)
+
+    status = evolve("status", run_dir)
+    assert status.returncode == 0 and "valid mutation rate" in status.stdout
+    best = evolve("best", run_dir, "--code")
+    assert best.returncode == 0 and "EVOLVE-BLOCK-START" in best.stdout
