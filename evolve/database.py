@@ -227,16 +227,9 @@ class ProgramDatabase:
         program.run_id = self.run_id
         if program.code is not None and program.code_hash is None:
             program.code_hash = code_hash(program.code)
-        if program.status == "ok" and program.descriptors is not None:
-            program.cell = cell_of(program.descriptors, self.axes)
         self.session.add(program)
-        self.session.flush()
-        if evaluation is not None:
-            evaluation.program_id = program.id
-            self.session.add(evaluation)
-        placed = self._place(program)
-        self.session.commit()
-        return placed
+        self.session.flush()  # assigns the id the cell and the evaluation point to
+        return self.tell_result(program, evaluation)
 
     def tell_result(self, program: Program, evaluation: Evaluation | None = None) -> bool:
         """Record the evaluation of a stored (pending) child and let it compete for its cell."""

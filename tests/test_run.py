@@ -22,7 +22,7 @@ from evolve.server import VLLMServer
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = ROOT / "problems" / "circle_packing.yaml"
-PORT = 8124
+PORT = 8125
 MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
