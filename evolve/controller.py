@@ -238,7 +238,7 @@ class Controller:
             f"[{self.base_evals + self.claimed}/{self.budget.max_evaluations} evals] "
             f"best {self.problem.headline}={best.headline:.6f} (#{best.id}) | applied {valid} | "
             f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
-            f"{s.tokens / max(s.llm_s, 1e-9):.0f} tok/s")
+            f"{s.tokens / (minutes * 60):.0f} tok/s")
 
 
 def _fill(program: Program, result) -> None:

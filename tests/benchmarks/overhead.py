@@ -45,7 +45,8 @@ def main(run_dir: Path) -> None:
     rate = info["valid_mutation_rate"]
     print(f"valid-mutation rate {rate:.1%} of {info['answers']} answers; "
           f"{evals / (wall / 60):.1f} evaluations/min; "
-          f"{info['tokens'] / info['llm_s']:.1f} LLM tokens/s over {info['llm_calls']} calls")
+          f"{info['tokens'] / wall:.1f} LLM tokens/s of wall time "
+          f"({info['tokens'] / info['llm_s']:.1f} per call in flight) over {info['llm_calls']} calls")
     print(f"best headline {best.headline:.6f} (#{best.id}) vs seed {seed.headline:.6f}")
 
 
