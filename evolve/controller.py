@@ -133,7 +133,7 @@ class Controller:
                        model=self.client.model, prompt=dump_messages(messages),
                        n=self.policy.sampling.group_size, started_at=time.time())
         try:
-            sample = await self.client.sample(messages, call.n, seed=self.seed * 1_000_003 + call_index)
+            sample = await self.client.sample(messages, call.n, seed=request_seed(self.seed, call_index))
         except Exception as exc:  # the server answered badly: record it, the search goes on
             call.error = f"{type(exc).__name__}: {exc}"[:2000]
             self.db.add_call(call)
@@ -239,6 +239,12 @@ class Controller:
             f"best {self.problem.headline}={best.headline:.6f} (#{best.id}) | applied {valid} | "
             f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
             f"{s.tokens / (minutes * 60):.0f} tok/s")
+
+
+def request_seed(run_seed: int, call_index: int) -> int:
+    """A well-mixed 31-bit seed per call. vLLM seeds the n choices of a request with
+    consecutive values, so consecutive request seeds would repeat samples across calls."""
+    return int(np.random.SeedSequence([run_seed, call_index]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def _fill(program: Program, result) -> None:
