@@ -1,4 +1,4 @@
-"""`evolve` command line: run, resume, status, best."""
+"""`evolve` command line: run, resume, status, best, sandbox."""
 from __future__ import annotations
 
 import argparse
@@ -55,6 +55,19 @@ def parser() -> argparse.ArgumentParser:
     best.add_argument("run_dir", type=Path)
     best.add_argument("--code", action="store_true", help="print its code")
     best.set_defaults(func=cmd_best)
+
+    sandbox = sub.add_parser("sandbox", help="the Docker sandbox: build its image, check it")
+    actions = sandbox.add_subparsers(required=True, metavar="ACTION")
+    build = actions.add_parser("build", help="build the sandbox image if the recipe changed "
+                               "(offline: debootstrap + docker import, as root)")
+    build.add_argument("--dockerfile", action="store_true",
+                       help="docker build the Dockerfile instead (needs a container registry)")
+    build.add_argument("--mirror", default="http://deb.debian.org/debian",
+                       help="Debian mirror for the offline build (default: %(default)s)")
+    build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    build.set_defaults(func=cmd_sandbox_build)
+    check = actions.add_parser("check", help="report the engine, the image and a test evaluation")
+    check.set_defaults(func=cmd_sandbox_check)
     return p
 
 
@@ -120,6 +133,17 @@ def cmd_status(args) -> int:
 def cmd_best(args) -> int:
     from .report import print_best
     return print_best(args.run_dir, read_spec(args.run_dir), args.code)
+
+
+# ---- sandbox ---------------------------------------------------------------------------------
+def cmd_sandbox_build(args) -> int:
+    from .docker_sandbox import build
+    return build(dockerfile=args.dockerfile, mirror=args.mirror, force=args.force)
+
+
+def cmd_sandbox_check(args) -> int:
+    from .docker_sandbox import check
+    return check()
 
 
 if __name__ == "__main__":

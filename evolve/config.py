@@ -45,11 +45,14 @@ class Descriptor(Strict):
 
 
 class SandboxLimits(Strict):
-    backend: Literal["process"] = "process"
+    # auto: Docker where an engine and the sandbox image are ready, else the process backend
+    # (with one line saying so); docker / process force one (docker fails if it cannot run).
+    backend: Literal["auto", "docker", "process"] = "auto"
     timeout_s: float = Field(default=30.0, gt=0)
     memory_mb: int = Field(default=1024, ge=64)
     cpus: float = Field(default=1.0, gt=0)
     output_kb: int = Field(default=4096, ge=1)  # cap on what the harness may send back
+    pids: int = Field(default=128, ge=16)  # processes + threads in the container (docker only)
 
 
 class Search(Strict):

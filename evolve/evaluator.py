@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from evolve.config import Problem
-from evolve.sandbox import ProcessSandbox, SandboxResult
+from evolve.sandbox import SandboxResult, make_sandbox
 
 MAX_ERROR_CHARS = 4096
 MAX_REASON_CHARS = 600  # per component, so one long traceback cannot hide the others
@@ -45,7 +45,7 @@ class Evaluator:
     def __init__(self, problem: Problem, sandbox=None):
         self.problem = problem
         self.scorer = load_scorer(problem)
-        self.sandbox = ProcessSandbox(problem.sandbox) if sandbox is None else sandbox
+        self.sandbox = make_sandbox(problem.sandbox) if sandbox is None else sandbox
 
     async def evaluate(self, code: str) -> Evaluation:
         start = time.monotonic()

@@ -8,7 +8,8 @@ output cap; and the whole process group SIGKILLed at the end, so nothing the can
 started survives into the next evaluation.
 
 Results come back as JSON lines (see harness.py) and are parsed strictly; nothing the
-candidate made is ever unpickled or executed here.
+candidate made is ever unpickled or executed here. The parsing and the verdict are shared
+with the Docker backend (evolve/docker_sandbox.py); `make_sandbox` picks the backend.
 
 Limits of the process backend (the Docker backend is the real jail):
 - it is not a filesystem jail: the candidate runs as the engine's user and can read or write
@@ -61,7 +62,8 @@ class SandboxResult:
 
 
 @dataclass
-class _Collected:
+class Collected:
+    """What one harness run sent back, before parsing (filled in by either backend)."""
     stdout: bytes = b""
     timed_out: bool = False
     overflow: bool = False
@@ -69,9 +71,33 @@ class _Collected:
     extra: list[str] = field(default_factory=list)  # sandbox-side problems worth reporting
 
 
+def make_sandbox(limits: SandboxLimits):
+    """The backend the limits ask for; "auto" is Docker where an engine and the image are ready.
+
+    Falling back says so in one line: the process backend is not a jail (see above).
+    """
+    if limits.backend == "process":
+        return ProcessSandbox(limits)
+    from evolve.docker_sandbox import DockerSandbox, docker_unavailable_reason
+
+    if limits.backend == "docker":
+        return DockerSandbox(limits)  # raises with the reason if Docker is not ready
+    reason = docker_unavailable_reason()
+    if reason is None:
+        return DockerSandbox(limits)
+    print(f"evolve: {reason}; candidates run in the process sandbox, which is not a jail "
+          "(`evolve sandbox check` tells more)", file=sys.stderr)
+    return ProcessSandbox(limits)
+
+
 class ProcessSandbox:
+    backend = "process"
+
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
+
+    def close(self) -> None:
+        pass  # nothing outlives a run; here for symmetry with DockerSandbox
 
     async def run(self, code: str, entry_point: str, cases: list[dict]) -> SandboxResult:
         start = time.monotonic()
@@ -84,16 +110,9 @@ class ProcessSandbox:
             log_tail = _read_tail(workdir / LOG_NAME)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        names = [case["name"] for case in cases]
-        outputs, case_errors, done = _parse_lines(collected.stdout, names)
-        status, detail = _verdict(collected, done, self.limits)
-        for name in names:
-            if name not in outputs and name not in case_errors:
-                case_errors[name] = f"no result ({detail or 'harness reported nothing'})"
-        return SandboxResult(status, outputs, case_errors, log_tail,
-                             time.monotonic() - start, detail)
+        return build_result(collected, cases, log_tail, self.limits, start)
 
-    async def _execute(self, workdir: Path, spec: bytes) -> _Collected:
+    async def _execute(self, workdir: Path, spec: bytes) -> Collected:
         with open(workdir / LOG_NAME, "wb") as log:  # catches harness errors before redirection
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-I", "harness.py",
@@ -106,7 +125,7 @@ class ProcessSandbox:
             _kill_group(pgid)
             raise
 
-    async def _feed_and_collect(self, proc, pgid: int, spec: bytes) -> _Collected:
+    async def _feed_and_collect(self, proc, pgid: int, spec: bytes) -> Collected:
         try:
             # Limits are set from outside with prlimit rather than in a preexec_fn (which is
             # unsafe when the engine has threads). The harness runs no candidate code until
@@ -118,11 +137,11 @@ class ProcessSandbox:
         except (OSError, ValueError) as exc:  # harness died at once, or prlimit refused
             _kill_group(pgid)
             await _reap(proc)
-            return _Collected(returncode=proc.returncode, extra=[f"could not start: {exc}"])
+            return Collected(returncode=proc.returncode, extra=[f"could not start: {exc}"])
         return await self._collect(proc, pgid)
 
-    async def _collect(self, proc, pgid: int) -> _Collected:
-        collected = _Collected()
+    async def _collect(self, proc, pgid: int) -> Collected:
+        collected = Collected()
         buffer = bytearray()
         cap = self.limits.output_kb * 1024
         reader = asyncio.create_task(_read_until_done(proc.stdout, buffer, cap))
@@ -148,18 +167,23 @@ class ProcessSandbox:
         return collected
 
     def _environment(self, workdir: Path) -> dict[str, str]:
-        """Only what Python needs; never the engine's environment (API keys live there)."""
-        threads = str(max(1, int(self.limits.cpus)))
-        return {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
-            "LANG": "C.UTF-8",
-            "OMP_NUM_THREADS": threads,
-            "OPENBLAS_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        return candidate_environment(str(workdir), path, self.limits)
+
+
+def candidate_environment(workdir: str, path: str, limits: SandboxLimits) -> dict[str, str]:
+    """Only what Python needs; never the engine's environment (API keys live there)."""
+    threads = str(max(1, int(limits.cpus)))
+    return {
+        "PATH": path,
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": threads,
+        "OPENBLAS_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def _apply_limits(pid: int, limits: SandboxLimits) -> None:
@@ -176,21 +200,28 @@ def _apply_limits(pid: int, limits: SandboxLimits) -> None:
 
 
 async def _read_until_done(stream: asyncio.StreamReader, buffer: bytearray, cap: int) -> bool:
-    """Read results until EOF or the harness's final line; True if the output hit the cap.
+    """Read results until EOF or the harness's final line; True if the output hit the cap."""
+    while chunk := await stream.read(65536):
+        if ending := append_results(buffer, chunk, cap):
+            return ending == "overflow"
+    return False
+
+
+def append_results(buffer: bytearray, chunk: bytes, cap: int) -> str | None:
+    """Add a chunk of the results stream: "overflow" past the cap, "done" at the final line.
 
     Stopping at the done line matters: forked workers of the candidate (e.g. a
     multiprocessing pool it never closed) still hold the pipe, so EOF would only come at
     the timeout. A forged early done line just ends the candidate's own run early.
     """
-    while chunk := await stream.read(65536):
-        scan_from = max(0, len(buffer) - len(DONE_LINE))  # the line may span two chunks
-        buffer += chunk
-        if len(buffer) > cap:
-            del buffer[cap:]
-            return True
-        if DONE_LINE in buffer[scan_from:]:
-            return False
-    return False
+    scan_from = max(0, len(buffer) - len(DONE_LINE))  # the line may span two chunks
+    buffer += chunk
+    if len(buffer) > cap:
+        del buffer[cap:]
+        return "overflow"
+    if DONE_LINE in buffer[scan_from:]:
+        return "done"
+    return None
 
 
 async def _wait_exit(proc) -> None:
@@ -212,6 +243,18 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is already gone
+
+
+def build_result(collected: Collected, cases: list[dict], log_tail: str,
+                 limits: SandboxLimits, start: float) -> SandboxResult:
+    """The strict reading of one harness run, the same for every backend."""
+    names = [case["name"] for case in cases]
+    outputs, case_errors, done = _parse_lines(collected.stdout, names)
+    status, detail = _verdict(collected, done, limits)
+    for name in names:
+        if name not in outputs and name not in case_errors:
+            case_errors[name] = f"no result ({detail or 'harness reported nothing'})"
+    return SandboxResult(status, outputs, case_errors, log_tail, time.monotonic() - start, detail)
 
 
 def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:
@@ -238,7 +281,7 @@ def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:
     return outputs, errors, False
 
 
-def _verdict(collected: _Collected, done: bool, limits: SandboxLimits) -> tuple[str, str]:
+def _verdict(collected: Collected, done: bool, limits: SandboxLimits) -> tuple[str, str]:
     extra = "; ".join(collected.extra)
     if collected.overflow:
         return "error", f"output over {limits.output_kb} KB"

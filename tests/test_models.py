@@ -72,10 +72,8 @@ def test_converted_model_generates_sensible_code(smol_dir):
 
 def test_second_call_reuses_the_build(smol_dir):
     before = (smol_dir / "model.safetensors").stat().st_mtime_ns
-    start = time.monotonic()
     assert ensure_model(SMOL.name) == smol_dir
     assert model_path(SMOL.name) == smol_dir
-    assert time.monotonic() - start < 1.0
     assert (smol_dir / "model.safetensors").stat().st_mtime_ns == before
 
 

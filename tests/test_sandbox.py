@@ -102,7 +102,7 @@ async def test_infinite_loop_times_out_and_keeps_earlier_outputs():
                 pass
             return n
     """, cases=[{"name": "a", "args": {"n": 1}}, {"name": "b", "args": {"n": 2}}], timeout_s=1.0)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 10.0  # killed at the timeout, not left to run (generous: loaded CI)
     assert result.status == "timeout"
     assert result.outputs == {"a": 1}
     assert "no result" in result.case_errors["b"]
