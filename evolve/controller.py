@@ -134,6 +134,10 @@ class Controller:
                        n=self.policy.sampling.group_size, started_at=time.time())
         try:
             sample = await self.client.sample(messages, call.n, seed=request_seed(self.seed, call_index))
+        except asyncio.CancelledError:  # interrupted: keep the call's time in the accounts
+            call.error, call.latency_s = "cancelled", time.time() - call.started_at
+            self.db.add_call(call)
+            raise
         except Exception as exc:  # the server answered badly: record it, the search goes on
             call.error = f"{type(exc).__name__}: {exc}"[:2000]
             self.db.add_call(call)

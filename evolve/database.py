@@ -178,7 +178,9 @@ class ProgramDatabase:
                 Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
 
     def llm_calls_done(self) -> int:
-        return self.session.scalar(select(func.count(LLMCall.id)).where(LLMCall.run_id == self.run_id))
+        """Calls that count: an interrupted call is redone on resume, with the same seed."""
+        return self.session.scalar(select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.run_id, LLMCall.error.is_distinct_from("cancelled")))
 
     def best(self) -> Program | None:
         return self.session.scalars(
