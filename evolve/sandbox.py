@@ -59,6 +59,7 @@ class SandboxResult:
     log_tail: str  # last ~2 KB of candidate.log (its prints / stderr)
     elapsed_s: float
     detail: str = ""  # why status is error / timeout
+    program_s: float | None = None  # the harness process alone, where the backend measures it
 
 
 @dataclass
@@ -68,6 +69,8 @@ class Collected:
     timed_out: bool = False
     overflow: bool = False
     returncode: int | None = None
+    program_s: float | None = None
+    started: bool = True  # False: the sandbox could not start the harness (see extra)
     extra: list[str] = field(default_factory=list)  # sandbox-side problems worth reporting
 
 
@@ -254,7 +257,8 @@ def build_result(collected: Collected, cases: list[dict], log_tail: str,
     for name in names:
         if name not in outputs and name not in case_errors:
             case_errors[name] = f"no result ({detail or 'harness reported nothing'})"
-    return SandboxResult(status, outputs, case_errors, log_tail, time.monotonic() - start, detail)
+    return SandboxResult(status, outputs, case_errors, log_tail, time.monotonic() - start, detail,
+                         collected.program_s)
 
 
 def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:
@@ -283,6 +287,8 @@ def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:
 
 def _verdict(collected: Collected, done: bool, limits: SandboxLimits) -> tuple[str, str]:
     extra = "; ".join(collected.extra)
+    if not collected.started:
+        return "error", extra
     if collected.overflow:
         return "error", f"output over {limits.output_kb} KB"
     if done:
