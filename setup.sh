@@ -34,4 +34,30 @@ if [ "${1:-}" = "--test" ]; then
 else
     "${PIP[@]}" -e .
 fi
+
+# The Docker sandbox, where candidates run by default: Debian's docker.io and debootstrap,
+# a running dockerd, and the sandbox image, built offline (`evolve sandbox build`: a Debian
+# root filesystem + docker import, no registry). Needs root. Without it evolve falls back to
+# the process sandbox and says so; in CI (CI=true) a failure here fails the set-up.
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+
+setup_docker() {
+    if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+        command -v apt-get >/dev/null || { echo "no apt-get: install Docker yourself"; return 1; }
+        # (set -e does not apply inside a function called from `if`: every step says || return)
+        as_root apt-get update -q || return 1
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap || return 1
+    fi
+    if ! as_root docker info >/dev/null 2>&1; then
+        as_root sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+        for _ in $(seq 60); do as_root docker info >/dev/null 2>&1 && break; sleep 1; done
+        as_root docker info >/dev/null 2>&1 || { echo "dockerd did not start (see /var/log/dockerd.log)"; return 1; }
+    fi
+    as_root "$VENV/bin/evolve" sandbox build
+}
+
+if ! setup_docker; then
+    echo "setup.sh: the Docker sandbox is not set up; evolve will use the process sandbox"
+    [ "${CI:-}" != "true" ] || exit 1
+fi
 echo "setup.sh: ready ($VENV)"

@@ -102,7 +102,7 @@ class Controller:
                                f"{result.status}: {result.error}")
         _fill(seed, result)
         first = self.db.add_seed(seed)[0]
-        self.db.add(Evaluation(program_id=first.id, backend=self.problem.sandbox.backend,
+        self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,
                                status=result.status, started_at=started, elapsed_s=result.elapsed_s))
         self.report(f"seed: {self.problem.headline} = {result.headline:.6f}, "
                     f"objective {result.objective:.4f}")
@@ -215,7 +215,7 @@ class Controller:
         self.stats.evaluated += 1
         self.stats.statuses[result.status] = self.stats.statuses.get(result.status, 0) + 1
         best_before = self.db.best()
-        evaluation = Evaluation(backend=self.problem.sandbox.backend, status=result.status,
+        evaluation = Evaluation(backend=self.evaluator.sandbox.backend, status=result.status,
                                 started_at=started, elapsed_s=result.elapsed_s, error=result.error)
         self.db.tell_result(child, evaluation)
         if result.status == "ok" and best_before is not None and result.objective > best_before.objective:

@@ -55,8 +55,10 @@ def run_search(run_dir: Path, spec: dict) -> str:
                f"seed {spec['seed']} | budget {budget.max_evaluations} evaluations")
         base_url, model = start_policy_server(policy, run_dir, spec["seed"], stack)
         client = PolicyClient(policy, base_url, model)
-        controller = Controller(problem, policy, db, Evaluator(problem), client, budget,
-                                spec["seed"], report)
+        evaluator = Evaluator(problem)
+        stack.callback(evaluator.sandbox.close)
+        report(f"sandbox: {evaluator.sandbox.backend}")
+        controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report)
         return asyncio.run(_run(controller, client))
 
 
