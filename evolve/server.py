@@ -198,6 +198,12 @@ class VLLMServer:
             time.sleep(0.2)
         _signal_group(pgid, signal.SIGKILL)
         process.wait()
+        # SIGKILL lands asynchronously; on a loaded machine the engine core and worker can
+        # take seconds to go. Return only when the group is gone, so the port and the
+        # memory are free for whatever starts next.
+        deadline = time.monotonic() + 30.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self._log_note("stopped")
 
     def __enter__(self) -> "VLLMServer":
