@@ -46,6 +46,7 @@ class Controller:
         self.report = report
         self.stats = Stats()
         self.claimed = 0  # evaluations started this session
+        self.queued = 0  # children waiting for an evaluation slot: budget they will claim
         self.eval_slots = asyncio.Semaphore(budget.eval_concurrency)
         self.in_flight: set[asyncio.Task] = set()
         self.stop_reason: str | None = None
@@ -81,7 +82,8 @@ class Controller:
     def _budget_left(self) -> str | None:
         """The reason to stop asking, or None."""
         b = self.budget
-        if self.base_evals + self.claimed >= b.max_evaluations:
+        # Queued children count as spent, so no LLM call is made for a budget already taken.
+        if self.base_evals + self.claimed + self.queued >= b.max_evaluations:
             return "budget reached"
         if b.max_llm_calls is not None and self.base_calls + self.stats.calls >= b.max_llm_calls:
             return "llm call budget reached"
@@ -205,7 +207,9 @@ class Controller:
             self.db.tell_result(child)
 
     async def _evaluate(self, child: Program) -> None:
+        self.queued += 1
         async with self.eval_slots:
+            self.queued -= 1
             if self.base_evals + self.claimed >= self.budget.max_evaluations:
                 return  # over budget: the child stays pending for a resume with a larger budget
             self.claimed += 1
