@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 from .config import ConfigError, load_policy, load_problem

@@ -11,7 +11,6 @@ import math
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 from evolve.config import Problem
 from evolve.sandbox import SandboxResult, make_sandbox

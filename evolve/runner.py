@@ -6,7 +6,6 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import yaml
 
 from .config import Policy, Problem, load_policy, load_problem
 from .controller import Controller

@@ -2,10 +2,9 @@
 from collections import Counter
 
 import numpy as np
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect
 
 from evolve.config import Descriptor, Search
 from evolve.database import ProgramDatabase, cell_of, connect, migrate

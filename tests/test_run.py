@@ -2,7 +2,6 @@
 server (Qwen2.5-Coder-0.5B, the CPU default), the process sandbox and the SQLite database;
 then Ctrl-C and resume."""
 import json
-import os
 import signal
 import subprocess
 import sys

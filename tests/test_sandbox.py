@@ -5,7 +5,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 from evolve.config import SandboxLimits
 from evolve.sandbox import ProcessSandbox
