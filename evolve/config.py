@@ -153,13 +153,41 @@ class Sampling(Strict):
     max_prompt_tokens: int = Field(default=6000, ge=256)
 
 
+class Train(Strict):
+    """The RL hook's settings (DESIGN §7). Absent from a policy = a frozen mutator."""
+    algorithm: Literal["grpo", "vpo"]
+    train_every: int = Field(default=4, ge=1)  # completed on-policy groups per training step
+    lora_rank: int = Field(default=16, ge=1)
+    lora_alpha: float = Field(default=32, gt=0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    lr: float = Field(default=4e-5, gt=0)
+    clip: float = Field(default=0.2, gt=0)  # PPO ratio clip
+    kl_coef: float = Field(default=1e-3, ge=0)  # penalty to the base model (adapter off)
+    minibatches: int = Field(default=2, ge=1)  # optimizer steps per training step, per epoch
+    epochs: int = Field(default=1, ge=1)
+    micro_batch: int = Field(default=2, ge=1)  # completions per forward/backward
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    dirichlet_k: int = Field(default=100, ge=1)  # VPO: weight vectors per group (K)
+    dirichlet_alpha: float = Field(default=1.0, gt=0)  # VPO: Dirichlet concentration (alpha)
+    seed: int = 0
+
+
 class Policy(Strict):
     name: str
     model: str  # a shipped model id (see evolve.models) or a path / served model name
     server: Server = Field(default_factory=Server)
     sampling: Sampling = Field(default_factory=Sampling)
     answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
+    train: Train | None = None
     source_path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _grpo_is_single_answer(self):
+        if self.train and self.train.algorithm == "grpo" and self.answers != 1:
+            raise ValueError(f"train.algorithm grpo scores one answer per rollout: answers must be 1, "
+                             f"got {self.answers}")
+        return self
 
 
 def load_yaml(path: str | Path, model: type[BaseModel]) -> Any:

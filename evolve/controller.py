@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 from sqlalchemy import select
 
@@ -19,6 +17,7 @@ from .code import MutationError, apply_answer, split_answers
 from .config import Budget, Policy, Problem
 from .database import ProgramDatabase
 from .evaluator import Evaluator
+from .events import Event, Sink, print_sink
 from .policy import PolicyClient, build_messages, dump_messages
 from .schema import Completion, Evaluation, LLMCall, Program, Session
 
@@ -39,7 +38,7 @@ class Stats:
 class Controller:
     def __init__(self, problem: Problem, policy: Policy, db: ProgramDatabase, evaluator: Evaluator,
                  client: PolicyClient, budget: Budget, seed: int,
-                 report: Callable[[str], None] = print):
+                 report: Sink = print_sink):
         self.problem, self.policy, self.db = problem, policy, db
         self.evaluator, self.client, self.budget = evaluator, client, budget
         self.seed = seed
@@ -106,14 +105,16 @@ class Controller:
         first = self.db.add_seed(seed)[0]
         self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,
                                status=result.status, started_at=started, elapsed_s=result.elapsed_s))
-        self.report(f"seed: {self.problem.headline} = {result.headline:.6f}, "
-                    f"objective {result.objective:.4f}")
+        self.emit("seed", f"seed: {self.problem.headline} = {result.headline:.6f}, "
+                  f"objective {result.objective:.4f}", program=first.id, headline=result.headline,
+                  objective=result.objective)
 
     async def _resume_pending(self) -> None:
         pending = self.db.session.scalars(select(Program).where(
             Program.run_id == self.db.run_id, Program.status == "pending").order_by(Program.id)).all()
         if pending:
-            self.report(f"resume: evaluating {len(pending)} pending children first")
+            self.emit("resume", f"resume: evaluating {len(pending)} pending children first",
+                      pending=len(pending))
             await self._evaluate_group(list(pending))
 
     # ---- generation ----------------------------------------------------------------------
@@ -143,7 +144,7 @@ class Controller:
         except Exception as exc:  # the server answered badly: record it, the search goes on
             call.error = f"{type(exc).__name__}: {exc}"[:2000]
             self.db.add_call(call)
-            self.report(f"llm call failed: {call.error[:200]}")
+            self.emit("llm_error", f"llm call failed: {call.error[:200]}", call=call.id)
             await asyncio.sleep(1.0)
             return
         call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
@@ -181,7 +182,9 @@ class Controller:
         await self._evaluate_group(children)
         migrant = self.db.advance(island)
         if migrant is not None:
-            self.report(f"migration: island {island} -> {migrant.island}, objective {migrant.objective:.4f}")
+            self.emit("migration", f"migration: island {island} -> {migrant.island}, "
+                      f"objective {migrant.objective:.4f}", source=island, target=migrant.island,
+                      program=migrant.id, objective=migrant.objective)
         self._progress()
 
     # ---- evaluation ----------------------------------------------------------------------
@@ -223,8 +226,11 @@ class Controller:
                                 started_at=started, elapsed_s=result.elapsed_s, error=result.error)
         self.db.tell_result(child, evaluation)
         if result.status == "ok" and best_before is not None and result.objective > best_before.objective:
-            self.report(f"new best #{child.id}: {self.problem.headline} = {result.headline:.6f}, "
-                        f"objective {result.objective:.4f} (+{result.objective - best_before.objective:.4f})")
+            delta = result.objective - best_before.objective
+            self.emit("best", f"new best #{child.id}: {self.problem.headline} = {result.headline:.6f}, "
+                      f"objective {result.objective:.4f} (+{delta:.4f})", program=child.id,
+                      island=child.island, headline=result.headline, objective=result.objective,
+                      delta=delta)
 
     async def _drain(self) -> None:
         while self.in_flight:
@@ -242,11 +248,17 @@ class Controller:
         best = self.db.best()
         valid = f"{s.applied}/{s.answers}" if s.answers else "-"
         statuses = " ".join(f"{k}={v}" for k, v in sorted(s.statuses.items()))
-        self.report(
-            f"[{self.base_evals + self.claimed}/{self.budget.max_evaluations} evals] "
+        done = self.base_evals + self.claimed
+        self.emit(
+            "progress",
+            f"[{done}/{self.budget.max_evaluations} evals] "
             f"best {self.problem.headline}={best.headline:.6f} (#{best.id}) | applied {valid} | "
             f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
-            f"{s.tokens / (minutes * 60):.0f} tok/s")
+            f"{s.tokens / (minutes * 60):.0f} tok/s",
+            evaluations=done, budget=self.budget.max_evaluations, best=best.id)
+
+    def emit(self, kind: str, message: str, **fields) -> None:
+        self.report(Event(kind, message, fields))
 
 
 def request_seed(run_seed: int, call_index: int) -> int:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from .config import Policy, Problem, load_policy, load_problem
 from .controller import Controller
 from .database import ProgramDatabase
 from .evaluator import Evaluator
+from .events import Event, EventLog, print_sink
 from .policy import PolicyClient
 
 
@@ -38,25 +38,21 @@ def run_search(run_dir: Path, spec: dict) -> str:
     problem = load_problem(spec["problem"])
     policy = load_policy(spec["policy"])
     budget = problem.budget.model_copy(update=spec.get("budget", {}))
-    log = (run_dir / "evolve.log").open("a")
-
-    def report(line: str) -> None:
-        stamped = f"{time.strftime('%H:%M:%S')} {line}"
-        print(stamped, flush=True)
-        log.write(stamped + "\n")
-        log.flush()
-
     with ExitStack() as stack:
-        stack.callback(log.close)
+        report = stack.enter_context(EventLog(run_dir, print_sink))
         db = open_database(spec, problem, policy, run_dir)
         stack.callback(db.close)
-        report(f"run {run_dir} | problem {problem.name} | policy {policy.name} ({policy.model}) | "
-               f"seed {spec['seed']} | budget {budget.max_evaluations} evaluations")
+        report(Event("run", f"run {run_dir} | problem {problem.name} | policy {policy.name} "
+                     f"({policy.model}) | seed {spec['seed']} | budget {budget.max_evaluations} "
+                     "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
+                                     "policy": policy.name, "seed": spec["seed"],
+                                     "budget": budget.max_evaluations}))
         base_url, model = start_policy_server(policy, run_dir, spec["seed"], stack)
         client = PolicyClient(policy, base_url, model)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
-        report(f"sandbox: {evaluator.sandbox.backend}")
+        report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}",
+                     {"backend": evaluator.sandbox.backend}))
         controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report)
         return asyncio.run(_run(controller, client))
 

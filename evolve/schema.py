@@ -68,6 +68,7 @@ class LLMCall(Base):
     started_at: Mapped[float] = mapped_column(Float)
     latency_s: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    prompt_token_ids: Mapped[list[Any] | None]  # the rendered prompt as served (for training)
 
 
 class Completion(Base):
@@ -79,6 +80,7 @@ class Completion(Base):
     text: Mapped[str] = mapped_column(Text)
     tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(40))
+    token_ids: Mapped[list[Any] | None]  # the sampled tokens exactly as served (for training)
 
 
 class Program(Base):
@@ -122,6 +124,26 @@ class Evaluation(Base):
     started_at: Mapped[float] = mapped_column(Float)
     elapsed_s: Mapped[float] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class TrainingStep(Base):
+    """One step of the RL hook (or `evolve train`): it produced policy version `version`."""
+    __tablename__ = "training_steps"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    algorithm: Mapped[str] = mapped_column(String(20))  # grpo | vpo
+    groups: Mapped[int] = mapped_column(Integer)  # LLM calls (groups) trained on
+    rollouts: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float] = mapped_column(Float)
+    kl: Mapped[float] = mapped_column(Float)  # mean per-token KL to the base model
+    clip_fraction: Mapped[float] = mapped_column(Float)
+    mean_abs_advantage: Mapped[float] = mapped_column(Float)
+    reward_mean: Mapped[float] = mapped_column(Float)  # the algorithm's scalar/set reward
+    train_s: Mapped[float] = mapped_column(Float)  # forward/backward/optimizer time
+    load_s: Mapped[float | None] = mapped_column(Float)  # hot-loading into the server
+    peak_rss_mb: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float, default=now)
 
 
 class Cell(Base):

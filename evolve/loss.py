@@ -1,0 +1,59 @@
+"""The policy-gradient loss shared by the LoRA trainer and the synthetic GRPO/VPO experiment.
+
+One function, so the experiment in tests/test_rl_synthetic.py exercises exactly the code that
+trains the mutator; only the advantages (evolve/advantages.py) differ between GRPO and VPO.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LossParts:
+    loss: torch.Tensor  # what to backpropagate
+    kl: torch.Tensor  # summed per-token KL (k3) over the masked tokens, detached
+    clipped: torch.Tensor  # number of masked tokens whose ratio was clipped, detached
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(target_t | context) for every position; logits (B, L, V), targets (B, L).
+
+    The sampler drew tokens at `temperature`, so the policy being optimised is softmax(z / T).
+    """
+    logits = logits.float() / temperature
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                advantages: torch.Tensor, mask: torch.Tensor, clip: float = 0.2,
+                kl_coef: float = 1e-3, n_tokens: float | None = None) -> LossParts:
+    """PPO-clip policy loss with token-mean aggregation and a KL penalty to the reference.
+
+        r_t   = exp(logp_t - old_t)
+        pg_t  = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps) * A)
+        kl_t  = exp(ref_t - logp_t) - (ref_t - logp_t) - 1        (k3: unbiased, >= 0)
+        loss  = sum_t mask_t * (pg_t + beta * kl_t) / n_tokens
+
+    Shapes: logp, old_logp, ref_logp, mask (B, L); advantages (B,), every token of a rollout
+    gets its rollout's advantage. `n_tokens` is the masked-token count of the whole minibatch,
+    so micro-batches that are backpropagated one at a time add up to the token mean.
+    """
+    mask = mask.to(logp.dtype)
+    n_tokens = float(mask.sum()) if n_tokens is None else n_tokens
+    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip, 1 + clip) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and kl_coef > 0:
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + kl_coef * kl
+    loss = (per_token * mask).sum() / max(n_tokens, 1.0)
+    was_clipped = ((ratio - torch.clamp(ratio, 1 - clip, 1 + clip)).abs() > 0).to(logp.dtype)
+    return LossParts(loss=loss, kl=(kl * mask).sum().detach(),
+                     clipped=(was_clipped * mask).sum().detach())
