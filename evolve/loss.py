@@ -53,7 +53,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + kl_coef * kl
-    loss = (per_token * mask).sum() / max(n_tokens, 1.0)
-    was_clipped = ((ratio - torch.clamp(ratio, 1 - clip, 1 + clip)).abs() > 0).to(logp.dtype)
-    return LossParts(loss=loss, kl=(kl * mask).sum().detach(),
-                     clipped=(was_clipped * mask).sum().detach())
+    # where(), not a product: padded positions may hold inf, and inf * 0 is nan.
+    real = mask > 0
+    loss = torch.where(real, per_token, 0.0).sum() / max(n_tokens, 1.0)
+    was_clipped = clipped < unclipped  # the clipped branch is the one taken: no gradient there
+    return LossParts(loss=loss, kl=torch.where(real, kl, 0.0).sum().detach(),
+                     clipped=(was_clipped & real).sum().detach())
