@@ -38,7 +38,7 @@ class Stats:
 class Controller:
     def __init__(self, problem: Problem, policy: Policy, db: ProgramDatabase, evaluator: Evaluator,
                  client: PolicyClient, budget: Budget, seed: int,
-                 report: Sink = print_sink):
+                 report: Sink = print_sink, hook=None):
         self.problem, self.policy, self.db = problem, policy, db
         self.evaluator, self.client, self.budget = evaluator, client, budget
         self.seed = seed
@@ -48,6 +48,9 @@ class Controller:
         self.queued = 0  # children waiting for an evaluation slot: budget they will claim
         self.eval_slots = asyncio.Semaphore(budget.eval_concurrency)
         self.in_flight: set[asyncio.Task] = set()
+        self.hook = hook  # the RL hook (evolve/hook.py), or None for a frozen mutator
+        self.train_lock = asyncio.Lock()
+        self.calls_in_flight = 0
         self.stop_reason: str | None = None
 
     # ---- top level -----------------------------------------------------------------------
@@ -62,11 +65,15 @@ class Controller:
         try:
             await self._ensure_seed()
             await self._resume_pending()
+            if self.hook is not None:
+                await self.hook.resume(self.client)
             await asyncio.gather(*(self._generate_loop() for _ in range(self.budget.llm_concurrency)))
             await self._drain()
             self.stop_reason = self.stop_reason or "budget reached"
         except asyncio.CancelledError:
             self.stop_reason = "interrupted"
+            if self.hook is not None:  # a training step in its thread stops at its next check
+                self.hook.stop.set()
             await self._cancel_in_flight()
         finally:
             session.ended_at, session.stop_reason = time.time(), self.stop_reason or "error"
@@ -120,8 +127,28 @@ class Controller:
     # ---- generation ----------------------------------------------------------------------
     async def _generate_loop(self) -> None:
         while (reason := self._budget_left()) is None:
-            await self._one_group()
+            if self.hook is not None and self.hook.due():
+                await self._train()
+                continue
+            self.calls_in_flight += 1
+            try:
+                await self._one_group()
+            finally:
+                self.calls_in_flight -= 1
         self.stop_reason = self.stop_reason or reason
+
+    async def _train(self) -> None:
+        """Pause generation and train: the two cores cannot serve and train at once.
+
+        Calls already in flight come from the current version, so they finish and are scored
+        first and join the (on-policy) batch; the other generation loop waits on the lock.
+        """
+        async with self.train_lock:
+            while self.calls_in_flight:
+                await asyncio.sleep(0.1)
+            await self._drain()
+            if self.hook.due():
+                await self.hook.step(self.client)
 
     async def _one_group(self) -> None:
         call_index = self.base_calls + self.stats.calls
@@ -148,7 +175,7 @@ class Controller:
             await asyncio.sleep(1.0)
             return
         call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
-        call.latency_s = sample.latency_s
+        call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
         self.db.add_call(call)
         self.stats.tokens += sample.completion_tokens or 0
         self.stats.llm_s += sample.latency_s
@@ -161,7 +188,9 @@ class Controller:
         """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
         children = []
         for i, text in enumerate(sample.texts):
-            completion = Completion(call_id=call.id, index=i, text=text,
+            ids = sample.token_ids[i] if sample.token_ids else None
+            completion = Completion(call_id=call.id, index=i, text=text, token_ids=ids,
+                                    tokens=len(ids) if ids is not None else None,
                                     finish_reason=sample.finish_reasons[i])
             self.db.add(completion)
             for j, answer in enumerate(split_answers(text, m)):

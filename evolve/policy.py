@@ -124,6 +124,8 @@ class Sample:
     completion_tokens: int | None
     started_at: float
     latency_s: float
+    token_ids: list[list[int] | None] | None = None  # per choice, as served (vLLM only)
+    prompt_token_ids: list[int] | None = None
 
 
 class PolicyClient:
@@ -131,7 +133,8 @@ class PolicyClient:
 
     def __init__(self, policy: Policy, base_url: str, model: str):
         self.policy = policy
-        self.model = model
+        self.model = model  # the served name requests go to: the base model or an adapter
+        self.is_vllm = policy.server.embedded or policy.train is not None
         key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
         self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=2,
                                   timeout=1800)
@@ -139,17 +142,22 @@ class PolicyClient:
     async def sample(self, messages: list[dict], n: int, seed: int | None = None) -> Sample:
         s = self.policy.sampling
         extra = {"seed": seed} if (s.seed_requests and seed is not None) else {}
+        # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
+        # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
+        body = {"return_token_ids": True} if self.is_vllm else None
         started = time.time()
         resp = await self.client.chat.completions.create(
             model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
-            max_tokens=s.max_tokens, **extra)
+            max_tokens=s.max_tokens, extra_body=body, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage
         return Sample(texts=[c.message.content or "" for c in choices],
                       finish_reasons=[c.finish_reason for c in choices],
                       prompt_tokens=usage.prompt_tokens if usage else None,
                       completion_tokens=usage.completion_tokens if usage else None,
-                      started_at=started, latency_s=time.time() - started)
+                      started_at=started, latency_s=time.time() - started,
+                      token_ids=[getattr(c, "token_ids", None) for c in choices],
+                      prompt_token_ids=getattr(resp, "prompt_token_ids", None))
 
     async def close(self) -> None:
         await self.client.close()

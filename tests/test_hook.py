@@ -1,0 +1,102 @@
+"""Rollout records and the hook's bookkeeping on a real SQLite archive (no server needed)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from evolve.config import Descriptor, Policy, Search, load_policy
+from evolve.database import ProgramDatabase
+from evolve.hook import RLHook
+from evolve.rollouts import complete_groups
+from evolve.schema import Completion, LLMCall, Program
+from tests.test_policy import PROBLEM, ROOT
+
+AXES = [Descriptor(name="a", low=0, high=1, bins=2)]
+COMPONENTS = ["x", "y"]
+
+
+def open_db(tmp_path) -> ProgramDatabase:
+    return ProgramDatabase.open(f"sqlite:///{tmp_path / 'evolve.db'}", "test", "p: 1", "q: 2", 0,
+                                AXES, Search(islands=1), "toy")
+
+
+def add_group(db, answers: list[list[tuple[str, dict | None]]], version=0, error=None) -> LLMCall:
+    """One call; answers[i] = the (status, fitness) of completion i's children."""
+    seed = db.best() or db.add_seed(Program(island=0, origin="seed", status="ok", objective=0.0,
+                                            headline=0.0, code="x = 0\n", descriptors={"a": 0.1}))[0]
+    call = db.add_call(LLMCall(island=0, parent_id=seed.id, policy_version=version, model="m",
+                               prompt=json.dumps([{"role": "user", "content": "hi"}]), n=len(answers),
+                               started_at=0.0, error=error, prompt_token_ids=[1, 2]))
+    for i, children in enumerate(answers):
+        completion = Completion(call_id=call.id, index=i, text=f"answer {i}", token_ids=[5, 6],
+                                finish_reason="stop")
+        db.add(completion)
+        for j, (status, fitness) in enumerate(children):
+            db.add(Program(run_id=db.run_id, island=0, origin="mutation", parent_id=seed.id,
+                           completion_id=completion.id, answer_index=j, status=status,
+                           fitness=fitness, code=f"x = {call.id}{i}{j}\n"))
+    return call
+
+
+def test_groups_link_answers_to_reward_vectors(tmp_path):
+    db = open_db(tmp_path)
+    add_group(db, [[("ok", {"x": 0.5, "y": 0.25})], [("invalid", {"x": 0.9, "y": 0.9})],
+                   [("mutation_failed", None)], []])
+    (group,) = complete_groups(db.session, db.run_id, COMPONENTS)
+    assert group.prompt_token_ids == [1, 2] and group.messages[0]["content"] == "hi"
+    assert [r.token_ids for r in group.rollouts] == [[5, 6]] * 4
+    assert np.array_equal(group.rollouts[0].answers, [[0.5, 0.25]])
+    assert np.array_equal(group.rollouts[1].answers, [[0.0, 0.0]])  # invalid: the zero vector
+    assert np.array_equal(group.rollouts[2].answers, [[0.0, 0.0]])  # failed to apply: zero
+    assert group.rollouts[3].answers.shape == (0, 2)  # no answer at all: an empty set
+
+
+def test_pending_errors_and_other_versions_are_not_training_data(tmp_path):
+    db = open_db(tmp_path)
+    add_group(db, [[("ok", {"x": 1, "y": 0})], [("pending", None)]])
+    add_group(db, [[("ok", {"x": 1, "y": 0})]], error="cancelled")
+    done = add_group(db, [[("ok", {"x": 1, "y": 0})], [("error", None)]])
+    newer = add_group(db, [[("ok", {"x": 0, "y": 1})]], version=1)
+    assert [g.call_id for g in complete_groups(db.session, db.run_id, COMPONENTS, 0)] == [done.id]
+    assert [g.call_id for g in complete_groups(db.session, db.run_id, COMPONENTS, 1)] == [newer.id]
+    assert len(complete_groups(db.session, db.run_id, COMPONENTS)) == 2
+
+
+def _hook(tmp_path, db, algorithm: str, train_every=2) -> RLHook:
+    policy = load_policy(ROOT / "policies" / f"{algorithm}.yaml")
+    policy = Policy.model_validate({**policy.model_dump(), "train": {**policy.train.model_dump(),
+                                                                      "train_every": train_every}})
+    problem = PROBLEM.model_copy(update={"components": PROBLEM.components[:2],
+                                         "headline": PROBLEM.components[0].name, "weights": None})
+    hook = RLHook(policy, problem, db, tmp_path, tmp_path, "", lambda *a, **k: None)
+    hook.components = COMPONENTS
+    return hook
+
+
+def test_the_hook_is_due_after_train_every_complete_groups(tmp_path):
+    db = open_db(tmp_path)
+    hook = _hook(tmp_path, db, "grpo")
+    add_group(db, [[("ok", {"x": 1, "y": 0})]])
+    add_group(db, [[("pending", None)]])
+    assert not hook.due()
+    add_group(db, [[("ok", {"x": 1, "y": 0})]])
+    assert hook.due()
+
+
+def test_grpo_and_vpo_advantages_from_the_archive(tmp_path):
+    db = open_db(tmp_path)
+    add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("ok", {"x": 0.0, "y": 0.5})], [("invalid", None)],
+                   [("ok", {"x": 1.0, "y": 0.0})]])
+    groups = complete_groups(db.session, db.run_id, COMPONENTS)
+    adv, rewards = _hook(tmp_path, db, "grpo").advantages(groups, 1)
+    assert np.allclose(rewards[0], [0.5, 0.25, 0.0, 0.5])  # uniform weights . reward vector
+    s = np.array([0.5, 0.25, 0.0, 0.5])
+    assert np.allclose(adv[0], (s - s.mean()) / (s.std() + 1e-6))
+    vpo = _hook(tmp_path, db, "vpo")
+    a1, r1 = vpo.advantages(groups, 1)
+    a2, _ = vpo.advantages(groups, 1)
+    a3, _ = vpo.advantages(groups, 2)  # a new step draws new Dirichlet weights
+    assert np.array_equal(a1[0], a2[0]) and not np.array_equal(a1[0], a3[0])
+    assert r1[0][2] == 0 and r1[0][0] == r1[0][3]
+
