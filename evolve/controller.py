@@ -147,7 +147,8 @@ class Controller:
             while self.calls_in_flight:
                 await asyncio.sleep(0.1)
             await self._drain()
-            if self.hook.due():
+            # Not already done by the other loop, and some budget left to use the new policy on.
+            if self.hook.due() and self._budget_left() is None:
                 await self.hook.step(self.client)
 
     async def _one_group(self) -> None:

@@ -16,12 +16,13 @@ from typing import Callable
 
 import httpx
 import numpy as np
+from sqlalchemy import func, select
 
 from . import advantages
 from .config import Policy, Problem
 from .database import ProgramDatabase
 from .rollouts import Group, complete_groups
-from .schema import PolicyVersion, TrainingStep
+from .schema import LLMCall, PolicyVersion, TrainingStep
 
 
 class HookError(RuntimeError):
@@ -44,8 +45,12 @@ class RLHook:
 
     # ---- when -------------------------------------------------------------------------------
     def due(self) -> bool:
+        """`train_every` groups of the current version were generated; the controller then waits
+        until they are all scored before it calls `step` (so rewards are known)."""
         version = self.db.policy_version().version
-        return len(self._groups(version)) >= self.train.train_every
+        generated = self.db.session.scalar(select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.db.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None)))
+        return generated >= self.train.train_every
 
     def _groups(self, version: int) -> list[Group]:
         return complete_groups(self.db.session, self.db.run_id, self.components, version)
@@ -61,11 +66,12 @@ class RLHook:
                       f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
 
     # ---- one step ---------------------------------------------------------------------------
-    async def step(self, client) -> TrainingStep | None:
+    async def step(self, client) -> TrainingStep:
         current = self.db.policy_version()
         groups = self._groups(current.version)
-        if not groups:
-            return None
+        if not groups:  # due() said generated; the controller drained: they must be complete
+            raise HookError(f"policy v{current.version}: groups were generated but none is fully "
+                            "scored; refusing to train on partial rewards")
         new = current.version + 1
         adv, rewards = self.advantages(groups, new)
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",

@@ -9,7 +9,7 @@ from evolve.config import Descriptor, Policy, Search, load_policy
 from evolve.database import ProgramDatabase
 from evolve.hook import RLHook
 from evolve.rollouts import complete_groups
-from evolve.schema import Completion, LLMCall, Program
+from evolve.schema import Completion, LLMCall, PolicyVersion, Program
 from tests.test_policy import PROBLEM, ROOT
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=2)]
@@ -74,14 +74,16 @@ def _hook(tmp_path, db, algorithm: str, train_every=2) -> RLHook:
     return hook
 
 
-def test_the_hook_is_due_after_train_every_complete_groups(tmp_path):
+def test_the_hook_is_due_after_train_every_groups_of_the_current_version(tmp_path):
     db = open_db(tmp_path)
     hook = _hook(tmp_path, db, "grpo")
     add_group(db, [[("ok", {"x": 1, "y": 0})]])
-    add_group(db, [[("pending", None)]])
+    add_group(db, [[("ok", {"x": 1, "y": 0})]], error="cancelled")  # redone on resume: not counted
     assert not hook.due()
-    add_group(db, [[("ok", {"x": 1, "y": 0})]])
+    add_group(db, [[("pending", None)]])  # generated: the controller waits for its scores
     assert hook.due()
+    db.add(PolicyVersion(run_id=db.run_id, version=1, model="grpo-v1", adapter_path="x"))
+    assert not hook.due()
 
 
 def test_grpo_and_vpo_advantages_from_the_archive(tmp_path):
