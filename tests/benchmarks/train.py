@@ -1,0 +1,79 @@
+"""Benchmark the RL hook's costs.
+
+    python tests/benchmarks/train.py steps RUN_DIR [--policy policies/grpo.yaml] [--steps 2]
+        Offline training steps on a stored run's archive (a copy of the run directory is used,
+        so the run itself is untouched): seconds per step, tokens, peak RSS of the trainer.
+    python tests/benchmarks/train.py share RUN_DIR
+        For a run made with a training policy: time spent training and hot-loading adapters,
+        and its share of the run's wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evolve.cli import read_spec
+from evolve.database import connect
+from evolve.schema import Session as RunSession
+from evolve.schema import TrainingStep
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def steps(run_dir: Path, policy: Path, n: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / run_dir.name
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("adapters", "offline-*", "vllm.log"))
+        spec = json.loads((copy / "run.json").read_text())
+        spec["db_url"] = None  # the copy's own database
+        (copy / "run.json").write_text(json.dumps(spec))
+        out = Path(tmp) / "out"
+        subprocess.run([sys.executable, "-m", "evolve.cli", "train", str(copy), "--policy", str(policy),
+                        "--steps", str(n), "--out", str(out)], check=True, cwd=ROOT)
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    print(f"{'step':>4} {'groups':>6} {'rollouts':>8} {'train s':>8} {'peak RSS MB':>11} {'loss':>8} {'mean|A|':>7}")
+    for r in rows:
+        print(f"{r['version']:>4} {r['groups']:>6} {r['rollouts']:>8} {r['train_s']:>8.1f} "
+              f"{r['peak_rss_mb']:>11.0f} {r['loss']:>8.4f} {r['mean_abs_advantage']:>7.3f}")
+
+
+def share(run_dir: Path) -> None:
+    spec = read_spec(run_dir)
+    with Session(connect(spec["db_url"])) as s:
+        rows = s.scalars(select(TrainingStep).order_by(TrainingStep.version)).all()
+        sessions = s.scalars(select(RunSession).where(RunSession.ended_at.is_not(None))).all()
+    wall = sum(x.ended_at - x.started_at for x in sessions)
+    train = sum(r.train_s for r in rows)
+    load = [r.load_s for r in rows if r.load_s is not None]
+    print(f"training steps: {len(rows)}; train {train:.0f} s; hot-load median "
+          f"{sorted(load)[len(load) // 2] if load else float('nan'):.2f} s, max {max(load, default=float('nan')):.2f} s")
+    print(f"wall time {wall:.0f} s; training share {100 * (train + sum(load)) / max(wall, 1e-9):.1f} %")
+    for r in rows:
+        print(f"  v{r.version}: {r.groups} groups, {r.rollouts} rollouts, {r.train_s:.1f} s, "
+              f"peak RSS {r.peak_rss_mb or 0:.0f} MB, loss {r.loss:+.4f}, KL {r.kl:.2e}, "
+              f"mean |A| {r.mean_abs_advantage:.3f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["steps", "share"])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--policy", type=Path, default=ROOT / "policies" / "grpo.yaml")
+    p.add_argument("--steps", type=int, default=2)
+    args = p.parse_args()
+    if args.mode == "steps":
+        steps(args.run_dir, args.policy, args.steps)
+    else:
+        share(args.run_dir)
+
+
+if __name__ == "__main__":
+    main()
