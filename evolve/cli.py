@@ -1,4 +1,4 @@
-"""`evolve` command line: run, resume, status, best, sandbox."""
+"""`evolve` command line: run, resume, status, best, show, dashboard, export, train, compare, sandbox."""
 from __future__ import annotations
 
 import argparse
@@ -38,11 +38,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--db-url", help="any SQLAlchemy URL (default: SQLite in the run directory)")
     run.add_argument("--seed", type=int, help="overrides the problem's seed")
     _budget_args(run)
+    _dashboard_arg(run)
     run.set_defaults(func=cmd_run)
 
     resume = sub.add_parser("resume", help="continue a stopped run where it left off")
     resume.add_argument("run_dir", type=Path)
     _budget_args(resume)
+    _dashboard_arg(resume)
     resume.set_defaults(func=cmd_resume)
 
     status = sub.add_parser("status", help="summary of a run")
@@ -53,6 +55,31 @@ def parser() -> argparse.ArgumentParser:
     best.add_argument("run_dir", type=Path)
     best.add_argument("--code", action="store_true", help="print its code")
     best.set_defaults(func=cmd_best)
+
+    show = sub.add_parser("show", help="one program: diff against its parent, scores, error, lineage")
+    show.add_argument("run_dir", type=Path)
+    show.add_argument("program_id", type=int)
+    show.set_defaults(func=cmd_show)
+
+    dash = sub.add_parser("dashboard", help="the live dashboard of a running or finished run (read-only)")
+    dash.add_argument("run_dir", type=Path)
+    dash.add_argument("--once", action="store_true", help="print one frame and exit")
+    dash.add_argument("--refresh", type=float, default=1.0, help="seconds between frames (default: %(default)s)")
+    dash.set_defaults(func=cmd_dashboard)
+
+    export = sub.add_parser("export", help="PNG plots and a CSV/JSON of the archive")
+    export.add_argument("run_dir", type=Path)
+    export.add_argument("--out", type=Path, help="default: RUN_DIR/export")
+    export.set_defaults(func=cmd_export)
+
+    train = sub.add_parser("train", help="train a mutator offline on a stored run's archive")
+    train.add_argument("run_dir", type=Path)
+    train.add_argument("--policy", type=Path, required=True, help="a policy YAML with a train: section")
+    train.add_argument("--out", type=Path, help="where the adapters go (default: RUN_DIR/offline-<policy>)")
+    train.add_argument("--steps", type=int, help="at most this many training steps")
+    train.set_defaults(func=cmd_train)
+
+    _compare_parser(sub)
 
     sandbox = sub.add_parser("sandbox", help="the Docker sandbox: build its image, check it")
     actions = sandbox.add_subparsers(required=True, metavar="ACTION")
@@ -75,6 +102,11 @@ def _budget_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wall-time", type=float, help="seconds, summed over every session of the run")
 
 
+def _dashboard_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-dashboard", action="store_true",
+                   help="one log line per event even on a terminal (the default off a terminal)")
+
+
 # ---- run / resume ----------------------------------------------------------------------------
 def cmd_run(args) -> int:
     if args.run_dir and (args.run_dir / RUN_FILE).exists():
@@ -86,8 +118,8 @@ def cmd_run(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = {"problem": str(args.problem.resolve()), "policy": str(args.policy.resolve()),
             "seed": problem.seed if args.seed is None else args.seed,
-            "db_url": args.db_url or f"sqlite:///{(run_dir / 'evolve.db').resolve()}",
-            "budget": {}}
+            # None: evolve.db inside the run directory, wherever it is moved or copied to
+            "db_url": args.db_url, "run_name": run_dir.resolve().name, "budget": {}}
     _write_spec(run_dir, spec)
     return _launch(run_dir, args)
 
@@ -104,7 +136,10 @@ def read_spec(run_dir: Path) -> dict:
     path = run_dir / RUN_FILE
     if not path.exists():
         raise RunDirError(f"{run_dir}: not a run directory (no {RUN_FILE})")
-    return json.loads(path.read_text())
+    spec = json.loads(path.read_text())
+    spec["db_url"] = spec.get("db_url") or f"sqlite:///{(run_dir / 'evolve.db').resolve()}"
+    spec.setdefault("run_name", Path(run_dir).resolve().name)
+    return spec
 
 
 def _launch(run_dir: Path, args) -> int:
@@ -116,21 +151,107 @@ def _launch(run_dir: Path, args) -> int:
                        ("max_llm_calls", args.max_llm_calls), ("wall_time_s", args.wall_time)):
         if value is not None:
             spec["budget"][key] = value  # remembered: a later resume keeps the raised budget
-    _write_spec(run_dir, spec)
-    reason = run_search(run_dir, spec)
+    _write_spec(run_dir, {**json.loads((run_dir / RUN_FILE).read_text()), "budget": spec["budget"]})
+    from .dashboard import wants_dashboard
+    try:
+        reason = run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
+    except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts
+        reason = "interrupted"
     print(f"stopped: {reason}. Inspect with `evolve status {run_dir}`; continue with `evolve resume {run_dir}`")
     return 130 if reason == "interrupted" else 0
 
 
-# ---- inspection ------------------------------------------------------------------------------
+def cmd_train(args) -> int:
+    from .events import Event, print_sink
+    from .hook import train_offline
+    from .runner import open_database
+
+    spec = read_spec(args.run_dir)
+    problem, policy = load_problem(spec["problem"]), load_policy(args.policy)
+    if policy.train is None:
+        raise ConfigError(f"{args.policy}: field 'train': required by `evolve train` (this policy is frozen)")
+    out = args.out or args.run_dir / f"offline-{policy.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    db = open_database(spec, problem, load_policy(spec["policy"]), args.run_dir)
+    try:
+        steps = train_offline(db, problem, policy, out, args.steps,
+                              lambda kind, message, **f: print_sink(Event(kind, message, f)))
+    finally:
+        db.close()
+    print(f"{len(steps)} training step(s); adapters in {out}")
+    return 0
+
+
+# ---- inspection (read-only) --------------------------------------------------------------------
+def _inspection(command):
+    """An inspection that cannot be done is one line on stderr and exit status 1."""
+    def run(args) -> int:
+        from .snapshot import InspectError
+        try:
+            return command(args)
+        except InspectError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    return run
+
+
+@_inspection
 def cmd_status(args) -> int:
     from .report import print_status
-    print_status(args.run_dir, read_spec(args.run_dir))
+    return print_status(args.run_dir, read_spec(args.run_dir))
 
 
+@_inspection
 def cmd_best(args) -> int:
     from .report import print_best
     return print_best(args.run_dir, read_spec(args.run_dir), args.code)
+
+
+@_inspection
+def cmd_show(args) -> int:
+    from .report import print_show
+    return print_show(args.run_dir, read_spec(args.run_dir), args.program_id)
+
+
+@_inspection
+def cmd_dashboard(args) -> int:
+    from .dashboard import attach
+    return attach(args.run_dir, read_spec(args.run_dir), once=args.once, refresh=args.refresh)
+
+
+@_inspection
+def cmd_export(args) -> int:
+    from .export import export
+    return export(args.run_dir, read_spec(args.run_dir), args.out or args.run_dir / "export")
+
+
+# ---- compare ---------------------------------------------------------------------------------
+def _compare_parser(sub) -> None:
+    c = sub.add_parser("compare", help="policies head to head: runs, held-out best@k/pass@k, report")
+    c.add_argument("problem", type=Path, nargs="?", help="problem YAML (not with --resume)")
+    c.add_argument("--policies", type=Path, nargs="+", help="policy YAMLs, e.g. policies/frozen.yaml policies/grpo.yaml")
+    c.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every policy (default: %(default)s)")
+    c.add_argument("--budget", type=int, help="evaluated candidates per arm (may be raised on --resume)")
+    c.add_argument("--out", type=Path, help="comparison directory (default: runs/compare-<problem>-<time>); "
+                   "an existing one with the same settings is resumed")
+    c.add_argument("--resume", type=Path, metavar="DIR", help="continue the comparison in DIR")
+    c.add_argument("--max-llm-calls", type=int, help="also stop an arm after this many LLM calls (a guard "
+                   "against a mutator that never yields a valid child)")
+    c.add_argument("--parallel", type=int, default=1, help="arms run at once (default: %(default)s)")
+    c.add_argument("--port-base", type=int, default=8150,
+                   help="with --parallel, embedded servers use ports from here (default: %(default)s)")
+    c.add_argument("--heldout-parents", type=int, default=4, help="held-out parents P (default: %(default)s)")
+    c.add_argument("--heldout-samples", type=int, default=30, help="answers n per parent (default: %(default)s)")
+    c.add_argument("--k-max", type=int, default=30, help="best@k, pass@k for k = 1..K (default: %(default)s)")
+    c.add_argument("--skip-heldout", action="store_true", help="no held-out measurement")
+    c.add_argument("--report-only", action="store_true", help="only rewrite the report from what is there")
+    _dashboard_arg(c)
+    c.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args) -> int:
+    from .compare import main as compare_main
+    return compare_main(args)
 
 
 # ---- sandbox ---------------------------------------------------------------------------------

@@ -248,10 +248,11 @@ class Controller:
             self.claimed += 1
             started = time.time()
             result = await self.evaluator.evaluate(child.code)
+        with self.db.session.no_autoflush:  # the child must not be flushed into its own "before"
+            best_before = self.db.best()
         _fill(child, result)
         self.stats.evaluated += 1
         self.stats.statuses[result.status] = self.stats.statuses.get(result.status, 0) + 1
-        best_before = self.db.best()
         evaluation = Evaluation(backend=self.evaluator.sandbox.backend, status=result.status,
                                 started_at=started, elapsed_s=result.elapsed_s, error=result.error)
         self.db.tell_result(child, evaluation)

@@ -16,7 +16,7 @@ from .policy import PolicyClient
 
 def open_database(spec: dict, problem: Problem, policy: Policy, run_dir: Path) -> ProgramDatabase:
     return ProgramDatabase.open(
-        spec["db_url"], run_name=run_dir.resolve().name,
+        spec["db_url"], run_name=spec["run_name"],
         problem_yaml=Path(spec["problem"]).read_text(), policy_yaml=Path(spec["policy"]).read_text(),
         seed=spec["seed"], axes=problem.descriptors, search=problem.search, problem_name=problem.name)
 
@@ -28,18 +28,23 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
     from .models import model_path
     from .server import VLLMServer
 
+    rank = policy.train.lora_rank if policy.train else None
     server = VLLMServer(model_path(policy.model), served_name=policy.model, server=policy.server,
-                        log_path=run_dir / "vllm.log", seed=seed)
+                        log_path=run_dir / "vllm.log", seed=seed, lora_rank=rank)
     stack.enter_context(server)
     return server.base_url, policy.model
 
 
-def run_search(run_dir: Path, spec: dict) -> str:
+def run_search(run_dir: Path, spec: dict, dashboard: bool = False) -> str:
     problem = load_problem(spec["problem"])
     policy = load_policy(spec["policy"])
     budget = problem.budget.model_copy(update=spec.get("budget", {}))
     with ExitStack() as stack:
-        report = stack.enter_context(EventLog(run_dir, print_sink))
+        sink = print_sink
+        if dashboard:  # on a terminal the live screen shows the events instead of log lines
+            from .dashboard import LiveDashboard
+            sink = stack.enter_context(LiveDashboard(run_dir, spec))
+        report = stack.enter_context(EventLog(run_dir, sink))
         db = open_database(spec, problem, policy, run_dir)
         stack.callback(db.close)
         report(Event("run", f"run {run_dir} | problem {problem.name} | policy {policy.name} "
@@ -53,8 +58,24 @@ def run_search(run_dir: Path, spec: dict) -> str:
         stack.callback(evaluator.sandbox.close)
         report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}",
                      {"backend": evaluator.sandbox.backend}))
-        controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report)
+        hook = make_hook(policy, problem, db, run_dir, base_url, report)
+        controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report, hook)
         return asyncio.run(_run(controller, client))
+
+
+def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,
+              report):
+    """The RL hook when the policy trains; None for a frozen mutator."""
+    if policy.train is None:
+        return None
+    from .hook import RLHook
+    from .models import model_path
+
+    def emit(kind: str, message: str, **fields) -> None:
+        report(Event(kind, message, fields))
+
+    server_url = base_url.removesuffix("/").removesuffix("/v1")
+    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit)
 
 
 async def _run(controller: Controller, client: PolicyClient) -> str:

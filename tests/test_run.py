@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
+from evolve.cli import read_spec
 from evolve.config import Server
 from evolve.models import ensure_model
 from evolve.schema import Completion, Evaluation, LLMCall, Program
@@ -52,8 +53,7 @@ def evolve(*args, **kw) -> subprocess.CompletedProcess:
 
 
 def db_session(run_dir: Path) -> Session:
-    spec = json.loads((run_dir / "run.json").read_text())
-    return Session(create_engine(spec["db_url"]))
+    return Session(create_engine(read_spec(run_dir)["db_url"]))
 
 
 def snapshot(s: Session) -> dict:

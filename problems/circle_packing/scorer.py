@@ -114,3 +114,32 @@ def _pairs_needing_exact_check(centers, radii) -> list[tuple[int, int]]:
 
 def _length(value: Any) -> str:
     return str(len(value)) if isinstance(value, (list, tuple)) else type(value).__name__
+
+
+def draw(ax, args: dict, output: Any) -> None:
+    """Draw one packing to scale on a matplotlib axis (used by `evolve export`).
+
+    Optional hook: a problem's scorer may define `draw(ax, args, output)`; the output is the
+    same plain data the scorer judges (it comes from the sandbox, never from running the
+    candidate here). The title says whether the packing is valid and its recomputed sum.
+    """
+    from matplotlib.patches import Circle, Rectangle
+
+    centers = np.asarray(output[0], dtype=float)
+    radii = np.asarray(output[1], dtype=float)
+    try:
+        title, colour = f"n={args['n']}: sum of radii {score(args, output):.6f}", "black"
+    except ValueError as exc:
+        title, colour = f"n={args['n']}: invalid ({exc})", "firebrick"
+    ax.add_patch(Rectangle((0, 0), 1, 1, fill=False, linewidth=1.2, edgecolor="black"))
+    spread = float(np.ptp(radii)) or 1.0
+    for (x, y), r in zip(centers, radii):
+        shade = 0.25 + 0.6 * (r - radii.min()) / spread  # larger circles darker: the size mix at a glance
+        ax.add_patch(Circle((x, y), r, facecolor=(0.16, 0.44, 0.70, shade), edgecolor="#1f3d5c",
+                            linewidth=0.6))
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xticks([0, 0.5, 1])
+    ax.set_yticks([0, 0.5, 1])
+    ax.set_title(title, fontsize=9, color=colour)
