@@ -135,7 +135,7 @@ class Trainer:
             outputs = [t for kv in prompt_kv for t in kv] + [first_logits]
             leaves = [t.detach().requires_grad_() for t in outputs]
             leaf_kv = list(zip(leaves[:-1:2], leaves[1:-1:2]))
-            for idx in _micro_batches(len(seq.completions), self.train.micro_batch):
+            for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
                 logp, mask = self._completion_logprobs(seq, idx, leaf_kv, leaves[-1])
                 width = logp.shape[1]
@@ -155,7 +155,7 @@ class Trainer:
         rows = torch.zeros(len(seq.completions), max(len(c) for c in seq.completions))
         with torch.autocast("cpu", dtype=torch.bfloat16), _adapter(self.model, adapter):
             prompt_kv, first_logits = self._prompt(seq.prompt)
-            for idx in _micro_batches(len(seq.completions), self.train.micro_batch):
+            for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
                 logp, _ = self._completion_logprobs(seq, idx, prompt_kv, first_logits)
                 rows[idx, :logp.shape[1]] = logp.float()
@@ -213,8 +213,10 @@ class _adapter:
             self.ctx.__exit__(*exc)
 
 
-def _micro_batches(n: int, size: int) -> list[torch.Tensor]:
-    return list(torch.arange(n).split(size))
+def _micro_batches(seq: Sequence, size: int) -> list[torch.Tensor]:
+    """Completion indices in micro-batches of similar length: padding is wasted compute."""
+    order = sorted(range(len(seq.completions)), key=lambda i: len(seq.completions[i]))
+    return list(torch.tensor(order).split(size))
 
 
 def _check(stop: threading.Event | None) -> None:
