@@ -1,0 +1,379 @@
+"""`evolve compare`: the harness, its resume, the held-out measurement and the report.
+
+Fast tests run the real engine (controller, SQLite, process sandbox, scorer) in each arm's own
+`evolve run` child process, with a scripted LLM in place of vLLM (tests/scripted_run.py). The
+`real` test at the end runs two SmolLM2 arms, one of them training, on the real vLLM server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evolve import compare, compare_report, heldout, stats
+from evolve.cli import main
+from evolve.config import Server, load_problem
+from evolve.models import ensure_model
+from evolve.server import VLLMServer
+
+from scripted_run import ScriptedClient, write_problem  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOL_MODEL = "smollm2-135m-instruct"
+TESTS = Path(__file__).resolve().parent
+
+# `evolve` with the scripted LLM: what each arm's child process runs in the fast tests.
+SCRIPTED_CLI = f"""
+import asyncio, os, sys
+sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
+from scripted_run import ScriptedClient
+import evolve.runner as runner
+
+class Client(ScriptedClient):
+    async def sample(self, messages, n, seed=None):
+        await asyncio.sleep(float(os.environ.get("SCRIPTED_DELAY", "0")))
+        return await super().sample(messages, n, seed)
+
+runner.PolicyClient = lambda policy, base_url, model: Client()
+runner.start_policy_server = lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model)
+from evolve.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+# ---- fixtures ------------------------------------------------------------------------------------------
+@pytest.fixture
+def scripted(tmp_path, monkeypatch):
+    """Arms run `evolve run` with the scripted LLM; held-out calls go to the scripted LLM too."""
+    script = tmp_path / "scripted_cli.py"
+    script.write_text(SCRIPTED_CLI)
+    real = compare.arm_command
+    monkeypatch.setattr(compare, "arm_command",
+                        lambda *a, **k: [sys.executable, str(script)] + real(*a, **k)[3:])
+    import evolve.policy
+    import evolve.runner
+    monkeypatch.setattr(evolve.runner, "start_policy_server",
+                        lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model))
+    monkeypatch.setattr(evolve.policy, "PolicyClient", lambda policy, base_url, model: ScriptedClient())
+    problem = write_problem(tmp_path, 10)
+    policies = []
+    for name, group in (("alpha", 4), ("beta", 2)):  # two frozen mutators that answer differently
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nmodel: scripted\n"
+                        "server: {embedded: false, base_url: 'http://127.0.0.1:9/v1'}\n"
+                        f"sampling: {{group_size: {group}, max_prompt_tokens: 4000}}\n")
+        policies.append(path)
+    return Namespace(problem=problem, policies=policies, out=tmp_path / "cmp")
+
+
+def compare_args(s, *extra) -> list[str]:
+    return ["compare", str(s.problem), "--policies", *map(str, s.policies), "--out", str(s.out),
+            "--no-dashboard", *map(str, extra)]
+
+
+def query(db: Path, sql: str, *args):
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def sessions(arm_dir: Path) -> list[str]:
+    return [r for (r,) in query(arm_dir / "evolve.db", "SELECT stop_reason FROM sessions ORDER BY id")]
+
+
+def db_numbers(arm_dir: Path) -> dict:
+    """What the report must say about an arm, straight from its database."""
+    db = arm_dir / "evolve.db"
+    best = query(db, "SELECT id, objective, headline FROM programs WHERE status='ok' "
+                     "ORDER BY objective DESC, id LIMIT 1")[0]
+    evaluations = query(db, "SELECT count(*) FROM programs WHERE origin='mutation' AND duplicate_of IS NULL "
+                            "AND status IN ('ok','invalid','error','timeout')")[0][0]
+    answers, failed = query(db, "SELECT count(*), sum(status='mutation_failed') FROM programs "
+                                "WHERE origin='mutation'")[0]
+    calls, tokens = query(db, "SELECT count(*), coalesce(sum(completion_tokens), 0) FROM llm_calls")[0]
+    cells = query(db, "SELECT cell, max(objective) FROM cells GROUP BY cell")
+    steps, train = query(db, "SELECT count(*), coalesce(sum(train_s), 0) + coalesce(sum(load_s), 0) "
+                             "FROM training_steps")[0]
+    wall = query(db, "SELECT sum(ended_at - started_at) FROM sessions")[0][0]
+    return {"best_id": best[0], "best_objective": best[1], "best_headline": best[2], "evaluations": evaluations,
+            "answers": answers, "applied": answers - (failed or 0), "llm_calls": calls, "completion_tokens": tokens,
+            "cells_filled": len(cells), "qd_score": sum(o for _, o in cells), "training_steps": steps,
+            "training_s": train, "wall_s": wall}
+
+
+# ---- the harness with a scripted LLM ---------------------------------------------------------------------
+def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted):
+    args = compare_args(scripted, "--seeds", 2, "--budget", 6, "--heldout-parents", 2, "--heldout-samples", 5,
+                        "--k-max", 4)
+    assert main(args) == 0
+    plan = json.loads((scripted.out / "compare.json").read_text())
+    assert plan["budget"] == 6 and plan["seeds"] == [0, 1] and plan["heldout"]["k_max"] == 4
+    names = ["alpha-s0", "beta-s0", "alpha-s1", "beta-s1"]
+    arm_dirs = {n: scripted.out / "arms" / n for n in names}
+    for name, d in arm_dirs.items():  # ordinary run directories, created as `evolve run` creates them
+        spec = json.loads((d / "run.json").read_text())
+        assert spec["seed"] == int(name[-1]) and spec["budget"] == {"max_evaluations": 6}
+        assert sessions(d) == ["budget reached"]
+    report = scripted.out / "report"
+    for f in ("report.md", "figures.json", "best_vs_evaluations.png", "final_best.png", "heldout.png",
+              "diversity.png", "archive.png", "cost.png"):
+        assert (report / f).stat().st_size > 0, f
+    fig = json.loads((report / "figures.json").read_text())
+    md = (report / "report.md").read_text()
+    for name, d in arm_dirs.items():
+        arm, truth = fig["arms"][name], db_numbers(d)
+        for key, value in truth.items():
+            assert arm[key] == pytest.approx(value), (name, key)
+        assert arm["evaluations"] == 6 and len(arm["curve_objective"]) == 7  # the seed, then 6 evaluations
+        assert arm["curve_objective"][-1] == pytest.approx(truth["best_objective"])
+        assert arm["curve_objective"] == sorted(arm["curve_objective"])
+        assert f"| {name} | budget reached | 6 | {truth['best_objective']:.4f} |" in md
+    # per policy: the median curve and the final best over the two seeds
+    for policy in ("alpha", "beta"):
+        finals = [fig["arms"][f"{policy}-s{s}"]["best_objective"] for s in (0, 1)]
+        assert fig["final_best"][policy]["objective"]["values"] == pytest.approx(finals)
+        assert fig["final_best"][policy]["objective"]["mean"] == pytest.approx(sum(finals) / 2)
+        assert fig["best_vs_evaluations"][policy]["objective"]["median"][-1] == pytest.approx(sum(finals) / 2)
+    # verdicts: two seeds each cannot support a claim at 0.05, and the report says so
+    [line] = fig["verdicts"]["final best objective"]
+    assert ("no significant difference between alpha and beta" in line and "smallest possible p is 0.333" in line)
+    assert line in md
+
+
+def test_heldout_pools_and_their_estimates(scripted):
+    assert main(compare_args(scripted, "--seeds", 1, "--budget", 6, "--heldout-parents", 2,
+                             "--heldout-samples", 5, "--k-max", 4)) == 0
+    parents = json.loads((scripted.out / "heldout" / "parents.json").read_text())["parents"]
+    # frozen arms only: held-out parents are their elites (not the seed), or the seed fills in
+    assert 1 <= len(parents) <= 2
+    assert all(p["held_out"] == (p["source"] != "seed") for p in parents)
+    fig = json.loads((scripted.out / "report" / "figures.json").read_text())
+    for arm in ("alpha-s0", "beta-s0"):
+        record = json.loads((scripted.out / "heldout" / f"{arm}.json").read_text())
+        assert record["policy_version"] == 0 and record["run_evaluations"] == 6
+        best1, pass2 = [], []
+        for p in parents:
+            answers = record["parents"][p["key"]]["answers"]
+            assert len(answers) == 5  # n answers per parent, whatever the group size
+            values = [a["objective"] for a in answers]
+            best1.append(sum(values) / 5)
+            pass2.append(stats.pass_at_k(5, sum(a["beats_parent"] for a in answers), 2))
+            for a in answers:
+                assert a["beats_parent"] == (a["status"] == "ok" and a["objective"] > p["objective"])
+        summary = fig["heldout_arms"][arm]
+        assert summary["k"] == [1, 2, 3, 4]
+        assert summary["best_at_k"][0] == pytest.approx(sum(best1) / len(best1))
+        assert summary["pass_at_k"][1] == pytest.approx(sum(pass2) / len(pass2))
+        assert summary["best_at_k"] == sorted(summary["best_at_k"])
+    # the arms' databases know nothing of the held-out calls
+    for arm in ("alpha-s0", "beta-s0"):
+        assert db_numbers(scripted.out / "arms" / arm)["evaluations"] == 6
+    # a program any training arm stored is never held out: only the seed is left, marked as seen
+    problem = load_problem(scripted.problem)
+    url = f"sqlite:///{scripted.out / 'arms' / 'alpha-s0' / 'evolve.db'}"
+    [seed] = heldout.choose_parents(problem, [("alpha-s0", url)], [url], url, 3)
+    assert seed["source"] == "seed" and seed["held_out"] is False and seed["inspirations"] == []
+    picked = heldout.choose_parents(problem, [("alpha-s0", url)], [], url, 3)
+    assert picked == heldout.choose_parents(problem, [("alpha-s0", url)], [], url, 3)  # a fixed draw
+    elites = {i for (i,) in query(scripted.out / "arms" / "alpha-s0" / "evolve.db",
+                                  "SELECT program_id FROM cells c JOIN programs p ON p.id = c.program_id "
+                                  "WHERE p.origin != 'seed'")}
+    assert {p["id"] for p in picked if p["held_out"]} <= elites
+
+
+def test_rerun_resumes_only_unfinished_arms_and_a_raised_budget_continues_every_arm(scripted):
+    args = compare_args(scripted, "--seeds", 1, "--budget", 4, "--skip-heldout")
+    assert main(args) == 0
+    alpha, beta = arms = [scripted.out / "arms" / n for n in ("alpha-s0", "beta-s0")]
+    assert all(sessions(d) == ["budget reached"] for d in arms)
+    assert main(args) == 0  # every arm is done: nothing runs again
+    assert all(sessions(d) == ["budget reached"] for d in arms)
+    with closing(sqlite3.connect(alpha / "evolve.db")) as conn:  # as if a crash had stopped it
+        conn.execute("UPDATE sessions SET stop_reason='error'")
+        conn.commit()
+    assert main(args) == 0
+    assert sessions(alpha) == ["error", "budget reached"] and sessions(beta) == ["budget reached"]
+    assert main(["compare", "--resume", str(scripted.out), "--budget", "7", "--no-dashboard"]) == 0
+    assert sessions(alpha)[-1] == sessions(beta)[-1] == "budget reached" and len(sessions(beta)) == 2
+    assert all(db_numbers(d)["evaluations"] == 7 for d in arms)
+    fig = json.loads((scripted.out / "report" / "figures.json").read_text())
+    assert fig["settings"]["budget"] == 7 and len(fig["best_vs_evaluations"]["alpha"]["objective"]["x"]) == 8
+
+
+def compare_cli(tmp_path) -> Path:
+    """`evolve` whose compare runs its arms with the scripted LLM (for tests of a whole process)."""
+    script = tmp_path / "compare_cli.py"
+    script.write_text(f"""
+import sys
+sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
+from evolve import compare
+real = compare.arm_command
+compare.arm_command = lambda *a, **k: [sys.executable, {str(tmp_path / "scripted_cli.py")!r}] + real(*a, **k)[3:]
+from evolve.cli import main
+sys.exit(main(sys.argv[1:]))
+""")
+    return script
+
+
+def test_ctrl_c_stops_the_comparison_and_it_resumes_where_it_stopped(scripted, tmp_path):
+    """Ctrl-C reaches the process group (compare and its arm): the arm stops cleanly, compare exits 130."""
+    runner = compare_cli(tmp_path)
+    args = compare_args(scripted, "--seeds", 1, "--budget", 8, "--skip-heldout")
+    env = {**os.environ, "SCRIPTED_DELAY": "1.0"}
+    proc = subprocess.Popen([sys.executable, str(runner), *args], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    alpha = scripted.out / "arms" / "alpha-s0"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (alpha / "evolve.db").exists() and query(alpha / "evolve.db", "SELECT count(*) FROM llm_calls")[0][0]:
+            break
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "Continue with `evolve compare --resume" in out
+    assert sessions(alpha) == ["interrupted"]
+    assert not (scripted.out / "arms" / "beta-s0" / "run.json").exists()  # never started
+    assert main(["compare", "--resume", str(scripted.out), "--no-dashboard"]) == 0
+    assert sessions(alpha) == ["interrupted", "budget reached"]
+    assert sessions(scripted.out / "arms" / "beta-s0") == ["budget reached"]
+    assert db_numbers(alpha)["evaluations"] == 8
+
+
+def test_the_live_view_shows_the_running_arm_and_the_overall_progress(scripted, tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    args = compare_args(scripted, "--seeds", 1, "--budget", 4, "--skip-heldout")
+    args.remove("--no-dashboard")
+    child = pexpect.spawn(sys.executable, [str(compare_cli(tmp_path)), *args], cwd=str(ROOT),
+                          dimensions=(50, 160), encoding="utf-8", codec_errors="replace",
+                          env={**os.environ, "TERM": "xterm-256color", "SCRIPTED_DELAY": "0.5"}, timeout=120)
+    child.expect(r"arm 1/2: alpha-s0 · overall \d+/8 evaluations")  # the header line of the view
+    child.expect("MAP-Elites cells")  # the arm's own dashboard under it
+    child.expect(r"arm 2/2: beta-s0 · overall [4-8]/8 evaluations")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    text = child.before
+    assert "compare   arm 2/2: beta seed 0" in text  # the comparison's lines, printed after the screen
+    assert all(sessions(scripted.out / "arms" / n) == ["budget reached"] for n in ("alpha-s0", "beta-s0"))
+    assert (scripted.out / "arms" / "alpha-s0" / "compare-arm.log").exists()
+
+
+def test_parallel_arms(scripted, monkeypatch):
+    monkeypatch.setattr(compare, "POLL_S", 0.2)
+    assert main(compare_args(scripted, "--seeds", 1, "--budget", 4, "--skip-heldout", "--parallel", 2)) == 0
+    for n in ("alpha-s0", "beta-s0"):
+        d = scripted.out / "arms" / n
+        assert sessions(d) == ["budget reached"] and (d / "compare-arm.log").exists()
+
+
+# ---- plan checks ----------------------------------------------------------------------------------------
+def test_a_different_comparison_in_the_same_directory_is_refused(scripted, capsys):
+    base = compare_args(scripted, "--seeds", 1, "--budget", 3, "--skip-heldout", "--report-only")
+    assert main(base) == 0  # creates the plan; --report-only runs nothing
+    assert main(compare_args(scripted, "--seeds", 2, "--budget", 3, "--report-only")) == 2
+    assert "compares seeds [0], not [0, 1]" in capsys.readouterr().err
+    scripted.policies[0].write_text(scripted.policies[0].read_text().replace("group_size: 4", "group_size: 3"))
+    assert main(base) == 2
+    assert "changed since" in capsys.readouterr().err
+    assert main(["compare", "--resume", str(scripted.out), "--budget", "2"]) == 2
+    assert "raised, not lowered" in capsys.readouterr().err
+
+
+def test_arm_policy_moves_an_embedded_server_for_parallel_arms(tmp_path):
+    src = tmp_path / "p.yaml"
+    src.write_text((ROOT / "policies" / "smollm2.yaml").read_text())
+    plan = compare.Plan(tmp_path, "problem.yaml", [{"name": "smollm2", "source": str(src), "path": str(src)}],
+                        [0], 3, None, {})
+    arm = compare.Arm(0, "smollm2", 0, tmp_path / "arms" / "smollm2-s0", False)
+    assert compare.arm_policy(plan, arm).read_text() == src.read_text()  # sequential: the policy as it is
+    moved = yaml.safe_load(compare.arm_policy(plan, arm, port=8151).read_text())
+    assert moved["server"]["port"] == 8151 and moved["sampling"] == yaml.safe_load(src.read_text())["sampling"]
+
+
+def test_call_sizes_give_every_arm_n_answers():
+    assert heldout.call_sizes(30, 1, 8) == [8, 8, 8, 6]
+    assert heldout.call_sizes(30, 3, 8) == [8, 2]  # VPO: 10 completions of 3 answers
+    assert heldout.call_sizes(4, 3, 8) == [2]  # 6 answers, the pool keeps the first 4
+
+
+def test_band_and_summary():
+    b = compare_report.band([[1, 2, 3], [0, 4]], 4)
+    assert b["median"] == [0.5, 3.0, 3.0, None] and b["min"] == [0, 2, 3, None] and b["max"] == [1, 4, 3, None]
+    s = compare_report.summary([0.5, None, 0.7])
+    assert s["mean"] == pytest.approx(0.6) and s["median"] == pytest.approx(0.6)
+    assert compare_report.rolling([1, None, 3, 5], window=2) == [1, 1, 2, 4]
+
+
+# ---- end to end with the real server ---------------------------------------------------------------------
+SMOL_PORT = 8140
+SMOL = f"""name: {{name}}
+model: {SMOL_MODEL}
+server: {{{{embedded: true, port: {SMOL_PORT}, max_model_len: 4096, extra_args: ["--enforce-eager"]}}}}
+sampling: {{{{temperature: 1.0, max_tokens: 48, group_size: 2, max_prompt_tokens: 3000}}}}
+"""
+TRAIN = """train: {algorithm: grpo, train_every: 1, lora_rank: 8, target_modules: [q_proj, v_proj],
+        minibatches: 1, micro_batch: 2}
+"""
+
+
+@pytest.mark.real
+def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch):
+    """Two SmolLM2 arms (frozen, and GRPO training a LoRA after every group), one seed, a tiny budget.
+
+    SmolLM2 makes almost no valid mutation, so the LLM-call guard usually ends the arms; what is
+    tested is the plumbing: real runs, training, the last adapter served for the held-out pool, the
+    report's numbers against the databases. One LoRA-enabled server, started here, is found on its
+    port and reused by both arms and by the held-out measurement (as in tests/test_rl_run.py):
+    four start-ups on this shared 2-core machine would take the test over five minutes.
+    """
+    problem = write_problem(tmp_path, 10)
+    frozen, grpo = tmp_path / "frozen.yaml", tmp_path / "grpo.yaml"
+    frozen.write_text(SMOL.format(name="frozen"))
+    grpo.write_text(SMOL.format(name="grpo") + TRAIN)
+    out = tmp_path / "cmp"
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # the machine is shared: a small KV cache is plenty
+    cmd = [sys.executable, "-m", "evolve.cli", "compare", str(problem), "--policies", str(frozen), str(grpo),
+           "--seeds", "1", "--budget", "2", "--max-llm-calls", "2", "--heldout-parents", "1",
+           "--heldout-samples", "2", "--k-max", "2", "--out", str(out), "--no-dashboard"]
+    settings = Server(port=SMOL_PORT, max_model_len=4096, extra_args=["--enforce-eager"])
+    with VLLMServer(ensure_model(SMOL_MODEL), SMOL_MODEL, settings, tmp_path / "vllm.log", lora_rank=8):
+        started = time.time()
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "arm 1/2: frozen seed 0" in done.stdout and "arm 2/2: grpo seed 0" in done.stdout
+    report = out / "report"
+    for f in ("report.md", "figures.json", "best_vs_evaluations.png", "final_best.png", "heldout.png",
+              "diversity.png", "archive.png", "cost.png"):
+        assert (report / f).stat().st_size > 0, f
+    fig = json.loads((report / "figures.json").read_text())
+    md = (report / "report.md").read_text()
+    for name in ("frozen-s0", "grpo-s0"):
+        d = out / "arms" / name
+        truth, arm = db_numbers(d), fig["arms"][name]
+        for key, value in truth.items():
+            assert arm[key] == pytest.approx(value), (name, key)
+        assert sessions(d) == [arm["stop_reason"]] and arm["stop_reason"] in compare.DONE_REASONS
+        assert f"| {name} | {arm['stop_reason']} | {truth['evaluations']} | {truth['best_objective']:.4f} |" in md
+    # the training arm trained, and its held-out pool came from its last adapter
+    grpo_arm = fig["arms"]["grpo-s0"]
+    assert grpo_arm["training_steps"] >= 1 and grpo_arm["policy_version"] >= 1
+    record = json.loads((out / "heldout" / "grpo-s0.json").read_text())
+    assert record["policy_version"] == grpo_arm["policy_version"]
+    assert record["model"] == f"grpo-v{record['policy_version']}"
+    assert json.loads((out / "heldout" / "frozen-s0.json").read_text())["policy_version"] == 0
+    for name in ("frozen-s0", "grpo-s0"):
+        pools = fig["heldout_arms"][name]
+        assert pools["k"] == [1, 2] and all(len(p["best_at_k"]) == 2 for p in pools["parents"].values())
+    [line] = fig["verdicts"]["final best objective"]
+    assert line.startswith("frozen vs grpo: one seed: no statistical claim") and line in md
+    print(f"compare end to end: {time.time() - started:.0f} s\n" + md)
