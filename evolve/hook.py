@@ -41,7 +41,6 @@ class RLHook:
         self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
         self.trainer = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
-        self.training = False
 
     # ---- when -------------------------------------------------------------------------------
     def due(self) -> bool:
@@ -76,11 +75,7 @@ class RLHook:
         adv, rewards = self.advantages(groups, new)
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
                   version=new, groups=len(groups))
-        self.training = True
-        try:
-            step = await asyncio.to_thread(self._train, groups, adv, current)
-        finally:
-            self.training = False
+        step = await asyncio.to_thread(self._train, groups, adv, current)
         path = self.adapters / f"v{new}"
         name = f"{self.policy.name}-v{new}"
         step.load_s = await load_adapter(self.server_url, name, str(path))
