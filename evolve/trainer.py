@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from .config import Train
 from .loss import policy_loss, token_logprobs
@@ -54,6 +55,9 @@ class StepStats:
 class Trainer:
     def __init__(self, model_dir: Path, train: Train, temperature: float, adapter: Path | None = None):
         self.train, self.temperature = train, max(temperature, 1e-3)
+        # Progress bars on stderr would tear through the live dashboard.
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
         torch.manual_seed(train.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # Frozen base weights in bf16 (half the memory); peft keeps the LoRA weights in fp32.
