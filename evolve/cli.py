@@ -129,7 +129,10 @@ def cmd_resume(args) -> int:
 
 
 def _write_spec(run_dir: Path, spec: dict) -> None:
-    (run_dir / RUN_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+    """Atomically: `evolve compare` and the dashboard read it while a run is going."""
+    tmp = run_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(spec, indent=2) + "\n")
+    tmp.replace(run_dir / RUN_FILE)
 
 
 def read_spec(run_dir: Path) -> dict:

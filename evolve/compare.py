@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from .config import load_policy, load_problem
 from .database import EVALUATED
@@ -158,7 +159,10 @@ def arm_state(arm: Arm) -> ArmState:
     spec_path = arm.dir / "run.json"
     if not spec_path.exists():
         return ArmState(0, None, {})
-    spec = json.loads(spec_path.read_text())
+    try:
+        spec = json.loads(spec_path.read_text())
+    except json.JSONDecodeError:  # the arm is writing it right now
+        return ArmState(0, None, {})
     try:
         engine = readonly_engine(database_url(arm.dir, spec))
     except InspectError:  # created, but its database not yet
@@ -171,6 +175,8 @@ def arm_state(arm: Arm) -> ArmState:
                 Program.status.in_(EVALUATED), Program.duplicate_of.is_(None))).scalar() or 0
             reason = conn.execute(select(RunSession.stop_reason).where(RunSession.run_id == run_id)
                                   .order_by(RunSession.id.desc()).limit(1)).scalar()
+    except OperationalError:  # the arm's first migration has not created the tables yet
+        return ArmState(0, None, spec.get("budget", {}))
     finally:
         engine.dispose()
     return ArmState(evaluations, reason, spec.get("budget", {}))
