@@ -3,6 +3,10 @@
     python tests/benchmarks/train.py steps RUN_DIR [--policy policies/grpo.yaml] [--steps 2]
         Offline training steps on a stored run's archive (a copy of the run directory is used,
         so the run itself is untouched): seconds per step, tokens, peak RSS of the trainer.
+    python tests/benchmarks/train.py group
+        One group on the shipped Qwen 0.5B (a 1.6k-token prompt, 8 completions of 60-250 tokens,
+        the sizes of a circle-packing call): seconds of the KL reference pass and of the
+        training forward/backward.
     python tests/benchmarks/train.py share RUN_DIR
         For a run made with a training policy: time spent training and hot-loading adapters,
         and its share of the run's wall time.
@@ -62,14 +66,40 @@ def share(run_dir: Path) -> None:
               f"mean |A| {r.mean_abs_advantage:.3f}")
 
 
+def group() -> None:
+    import time
+
+    import torch
+
+    from evolve.config import Train
+    from evolve.models import ensure_model
+    from evolve.trainer import Sequence, Trainer
+
+    t = Trainer(ensure_model("qwen2.5-coder-0.5b-instruct"), Train(algorithm="grpo"), temperature=0.8)
+    g = torch.Generator().manual_seed(0)
+    lengths = [60, 80, 100, 113, 120, 150, 200, 250]
+    for run in range(2):  # the first pays one-off kernel set-up
+        seq = Sequence(torch.randint(0, 1000, (1600,), generator=g),
+                       [torch.randint(0, 1000, (n,), generator=g) for n in lengths], torch.randn(8))
+        started = time.time()
+        t._logprobs(seq, adapter=False, stop=None)
+        ref = time.time() - started
+        started = time.time()
+        for _ in t._group_losses(seq, None, None, float(sum(lengths)), None):
+            pass
+        print(f"run {run}: reference pass {ref:.1f} s, train forward+backward {time.time() - started:.1f} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["steps", "share"])
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("mode", choices=["steps", "share", "group"])
+    p.add_argument("run_dir", type=Path, nargs="?")
     p.add_argument("--policy", type=Path, default=ROOT / "policies" / "grpo.yaml")
     p.add_argument("--steps", type=int, default=2)
     args = p.parse_args()
-    if args.mode == "steps":
+    if args.mode == "group":
+        group()
+    elif args.mode == "steps":
         steps(args.run_dir, args.policy, args.steps)
     else:
         share(args.run_dir)
