@@ -55,10 +55,7 @@ def plot_best(fig: dict, names: list[str], headline: str, path: Path) -> Path:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
     axes[0].legend(title="median, min-max over seeds")
-    f.tight_layout()
-    f.savefig(path, dpi=DPI)
-    plt.close(f)
-    return path
+    return _save(f, path)
 
 
 def _dots(ax, names: list[str], summaries: dict, ylabel: str) -> None:
@@ -82,10 +79,7 @@ def plot_final(fig: dict, names: list[str], headline: str, path: Path) -> Path:
     _dots(axes[0], names, {n: fig["final_best"][n]["objective"] for n in names}, "final best objective")
     _dots(axes[1], names, {n: fig["final_best"][n]["headline"] for n in names}, f"final best {headline}")
     f.suptitle("final best per seed (dots); mean and 95% bootstrap CI (squares)")
-    f.tight_layout()
-    f.savefig(path, dpi=DPI)
-    plt.close(f)
-    return path
+    return _save(f, path)
 
 
 def plot_heldout(fig: dict, names: list[str], path: Path) -> Path | None:
@@ -110,10 +104,7 @@ def plot_heldout(fig: dict, names: list[str], path: Path) -> Path | None:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     axes[0].legend(title="held-out parents; median, min-max over seeds")
-    f.tight_layout()
-    f.savefig(path, dpi=DPI)
-    plt.close(f)
-    return path
+    return _save(f, path)
 
 
 def plot_diversity(fig: dict, names: list[str], path: Path) -> Path:
@@ -128,10 +119,7 @@ def plot_diversity(fig: dict, names: list[str], path: Path) -> Path:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(title="median, min-max over seeds")
-    f.tight_layout()
-    f.savefig(path, dpi=DPI)
-    plt.close(f)
-    return path
+    return _save(f, path)
 
 
 def _panels(fig_data: dict, names: list[str], keys: list[tuple[str, str]], title: str, path: Path) -> Path:
@@ -140,10 +128,7 @@ def _panels(fig_data: dict, names: list[str], keys: list[tuple[str, str]], title
     for ax, (key, label) in zip(np.atleast_1d(axes), keys):
         _dots(ax, names, {n: fig_data[n][key] for n in names}, label)
     f.suptitle(title)
-    f.tight_layout()
-    f.savefig(path, dpi=DPI)
-    plt.close(f)
-    return path
+    return _save(f, path)
 
 
 def plot_archive(fig: dict, names: list[str], path: Path) -> Path:
@@ -159,3 +144,8 @@ def plot_cost(fig: dict, names: list[str], path: Path) -> Path:
                    "what each run spent", path)
 
 
+def _save(f, path: Path) -> Path:
+    f.tight_layout()
+    f.savefig(path, dpi=DPI)
+    _plt().close(f)
+    return path
