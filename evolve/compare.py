@@ -24,7 +24,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -40,7 +40,7 @@ from .snapshot import InspectError, database_url, readonly_engine
 COMPARE_FILE = "compare.json"
 # A session that stopped at a budget the comparison set; anything else (interrupted, error,
 # a crash that left no stop reason) means the arm has more to do.
-DONE_REASONS = ("budget reached", "llm call budget reached")
+DONE_REASONS = ("budget reached", "llm call budget reached", "target reached")
 POLL_S = 5.0  # how often --parallel reports progress
 
 
@@ -71,6 +71,7 @@ class Plan:
     budget: int  # evaluated candidates per arm
     max_llm_calls: int | None  # a guard per arm against a mutator that never yields a valid child
     heldout: dict  # {"parents", "samples", "k_max", "skip"}
+    sets: list[str] = field(default_factory=list)  # --set overrides of the problem, for every arm
 
     def arms(self) -> list[Arm]:
         """Seed-major order: an interrupted comparison has whole seeds of every policy first."""
@@ -82,7 +83,7 @@ class Plan:
         return arms
 
     def save(self) -> None:
-        data = {k: getattr(self, k) for k in ("problem", "policies", "seeds", "budget", "max_llm_calls", "heldout")}
+        data = {k: getattr(self, k) for k in ("problem", "sets", "policies", "seeds", "budget", "max_llm_calls", "heldout")}
         (self.dir / COMPARE_FILE).write_text(json.dumps(data, indent=2) + "\n")
 
     @classmethod
@@ -95,14 +96,14 @@ class Plan:
 
 def new_plan(args) -> Plan:
     """The plan the command line asks for; snapshots of the policies are written on first use."""
-    problem = load_problem(args.problem)
+    problem = load_problem(args.problem, args.set)
     policies = [load_policy(p) for p in args.policies]
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise CompareError(f"two policies share a name ({names}): arms are named after them")
     out = args.out or Path("runs") / f"compare-{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     k_max = min(args.k_max, args.heldout_samples)
-    return Plan(dir=out, problem=str(Path(args.problem).resolve()),
+    return Plan(dir=out, problem=str(Path(args.problem).resolve()), sets=list(args.set or []),
                 policies=[{"name": p.name, "source": str(Path(path).resolve()),
                            "path": str((out / "policies" / f"{p.name}.yaml").resolve())}
                           for p, path in zip(policies, args.policies)],
@@ -125,7 +126,7 @@ def start_or_resume(wanted: Plan) -> Plan:
         wanted.save()
         return wanted
     stored = Plan.load(wanted.dir)
-    for key in ("problem", "seeds", "max_llm_calls"):
+    for key in ("problem", "sets", "seeds", "max_llm_calls"):
         if getattr(stored, key) != getattr(wanted, key):
             raise CompareError(f"{wanted.dir} compares {key} {getattr(stored, key)!r}, not "
                                f"{getattr(wanted, key)!r}: use another --out, or --resume {wanted.dir}")
@@ -193,6 +194,7 @@ def arm_command(plan: Plan, arm: Arm, policy: Path) -> list[str]:
     """`evolve run` for the arm: creates its run directory the first time, resumes it after."""
     cmd = [sys.executable, "-m", "evolve.cli", "run", plan.problem, "--policy", str(policy),
            "--run-dir", str(arm.dir), "--seed", str(arm.seed), "--max-evaluations", str(plan.budget)]
+    cmd += [f"--set={item}" for item in plan.sets]
     if plan.max_llm_calls is not None:
         cmd += ["--max-llm-calls", str(plan.max_llm_calls)]
     return cmd + ["--no-dashboard"]  # the comparison's own view shows it (evolve/compare_view.py)
@@ -326,7 +328,7 @@ def measure_heldout(plan: Plan, arms: list[Arm], say=print) -> None:
     """Choose the held-out parents once per budget, then measure every arm's final policy on them."""
     from . import heldout
 
-    problem = load_problem(plan.problem)
+    problem = load_problem(plan.problem, plan.sets)
     folder = plan.dir / "heldout"
     folder.mkdir(exist_ok=True)
     parents = _parents(plan, arms, problem, folder)

@@ -278,7 +278,7 @@ def verdicts(fig: dict, names: list[str]) -> dict[str, list[str]]:
 # ---- the report -------------------------------------------------------------------------------------
 def write_report(plan, arms, out: Path) -> Path:
     """Read every arm, write figures.json, the PNGs and report.md into `out`; returns report.md."""
-    problem = load_problem(plan.problem)
+    problem = load_problem(plan.problem, plan.sets)
     names = [p["name"] for p in plan.policies]
     present = [a for a in arms if (a.dir / "run.json").exists() and _has_db(a)]
     metrics = [read_arm(a, problem) for a in present]

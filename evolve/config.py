@@ -5,6 +5,7 @@ what was expected; nothing else in the engine has to re-check these values.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,8 +26,15 @@ class Component(Strict):
     """One entry of the vector fitness: the scorer's value for one case."""
     name: str
     args: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the entry point
-    reference: float = Field(gt=0)  # the raw value is divided by this
+    reference: float = Field(gt=0)  # the raw value is divided by this (maximize)
+    goal: Literal["maximize", "minimize"] = "maximize"  # minimize: the component is reference / raw
     source: str = ""  # where the reference comes from
+
+    def normalise(self, raw: float) -> float:
+        """1.0 at the reference, higher is better either way."""
+        if self.goal == "maximize":
+            return raw / self.reference
+        return self.reference / raw if raw > 0 else 0.0
 
 
 class Descriptor(Strict):
@@ -76,6 +84,8 @@ class Budget(Strict):
     max_evaluations: int = Field(default=200, ge=1)
     max_llm_calls: int | None = Field(default=None, ge=1)
     wall_time_s: float | None = Field(default=None, gt=0)
+    # Stop once the best objective reaches this, e.g. 1.0 for a code problem: every test passes.
+    target_objective: float | None = None
     llm_concurrency: int = Field(default=1, ge=1)
     eval_concurrency: int = Field(default=2, ge=1)
 
@@ -83,12 +93,17 @@ class Budget(Strict):
 class Problem(Strict):
     name: str
     description: str
-    program: Path  # the seed program, relative to the YAML
+    program: Path | None = None  # the seed program, relative to the YAML ...
+    program_code: str | None = None  # ... or its text (a template fills this in)
     entry_point: str
     scorer: Path  # trusted scorer module, relative to the YAML
+    # Trusted code the harness runs in the sandbox next to the candidate: it defines
+    # drive(entry, **args), called for every case instead of entry(**args) (problems/README.md).
+    driver: Path | None = None
+    template: Path | None = None  # the trusted module that expanded this YAML (provenance)
     components: list[Component] = Field(min_length=1)
     weights: dict[str, float] | None = None  # default: uniform over components
-    headline: str  # a component name; shown un-normalised
+    headline: str  # a component name, shown un-normalised; or "objective" (e.g. share of tests passed)
     descriptors: list[Descriptor] = Field(min_length=1)
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     search: Search = Field(default_factory=Search)
@@ -98,11 +113,13 @@ class Problem(Strict):
 
     @model_validator(mode="after")
     def _names_agree(self):
+        if (self.program is None) == (self.program_code is None):
+            raise ValueError("give exactly one of program (a file) and program_code (its text)")
         names = [c.name for c in self.components]
-        if len(set(names)) != len(names):
-            raise ValueError(f"component names must be unique, got {names}")
-        if self.headline not in names:
-            raise ValueError(f"headline {self.headline!r} is not a component name {names}")
+        if len(set(names)) != len(names) or "objective" in names:
+            raise ValueError(f"component names must be unique and not 'objective', got {names}")
+        if self.headline not in names + ["objective"]:
+            raise ValueError(f"headline {self.headline!r} is not a component name {names} or 'objective'")
         if self.weights is not None:
             unknown = set(self.weights) - set(names)
             if unknown:
@@ -110,6 +127,11 @@ class Problem(Strict):
             if any(w < 0 for w in self.weights.values()) or sum(self.weights.values()) <= 0:
                 raise ValueError("weights must be >= 0 with a positive sum")
         return self
+
+    def objective(self, components: dict[str, float]) -> float:
+        """The weighted mean of the normalised components (exactly 1.0 when all are 1.0)."""
+        raw = self.weights or {c.name: 1.0 for c in self.components}
+        return math.fsum(raw.get(n, 0.0) * v for n, v in components.items()) / math.fsum(raw.values())
 
     def weight_vector(self) -> dict[str, float]:
         """Weights normalised to sum to 1; uniform unless the YAML says otherwise."""
@@ -120,6 +142,14 @@ class Problem(Strict):
     def resolve(self, path: Path) -> Path:
         base = self.source_path.parent if self.source_path else Path.cwd()
         return (base / path).resolve()
+
+    def seed_code(self) -> str:
+        return self.program_code if self.program is None else self.resolve(self.program).read_text()
+
+    def cases(self) -> list[dict]:
+        """What the sandbox runs: one case per component (with the driver's source, if any)."""
+        driver = {"driver": self.resolve(self.driver).read_text()} if self.driver else {}
+        return [{"name": c.name, "args": c.args, **driver} for c in self.components]
 
 
 class Server(Strict):
@@ -190,8 +220,8 @@ class Policy(Strict):
         return self
 
 
-def load_yaml(path: str | Path, model: type[BaseModel]) -> Any:
-    """Parse and validate one YAML file; every failure becomes one ConfigError line."""
+def read_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
+    """The YAML file's mapping, with `--set KEY=VALUE` overrides applied (dotted keys nest)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -201,12 +231,40 @@ def load_yaml(path: str | Path, model: type[BaseModel]) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields at the top level")
+    for item in overrides or []:
+        _apply_override(path, data, item)
+    return data
+
+
+def _apply_override(path: Path, data: dict, item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{path}: --set {item!r}: expected KEY=VALUE, e.g. task=HumanEval/0")
+    try:
+        value = yaml.safe_load(text)  # "3" is a number, "[a, b]" a list, "HumanEval/0" a string
+    except yaml.YAMLError:
+        value = text
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{path}: --set {item!r}: field '{part}' is not a mapping")
+    node[leaf] = value
+
+
+def validate(path: str | Path, data: dict, model: type[BaseModel]) -> Any:
     try:
         obj = model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: {_first_error(exc)}") from None
-    object.__setattr__(obj, "source_path", path.resolve())
+    object.__setattr__(obj, "source_path", Path(path).resolve())
     return obj
+
+
+def load_yaml(path: str | Path, model: type[BaseModel], overrides: list[str] | None = None) -> Any:
+    """Parse and validate one YAML file; every failure becomes one ConfigError line."""
+    return validate(path, read_yaml(path, overrides), model)
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -218,13 +276,48 @@ def _first_error(exc: ValidationError) -> str:
     return f"field '{field}': {msg}{got}{more}"
 
 
-def load_problem(path: str | Path) -> Problem:
-    problem = load_yaml(path, Problem)
-    for field in ("program", "scorer"):
+def load_problem(path: str | Path, overrides: list[str] | None = None) -> Problem:
+    """A problem YAML, after `--set` overrides and, if it names one, its template."""
+    data = read_yaml(path, overrides)
+    if "template" in data:
+        data = _expand(Path(path), data)
+    problem = validate(path, data, Problem)
+    for field in ("program", "scorer", "driver"):
+        if getattr(problem, field) is None:
+            continue
         target = problem.resolve(getattr(problem, field))
         if not target.is_file():
             raise ConfigError(f"{path}: field '{field}': file {target} does not exist")
     return problem
+
+
+def _expand(path: Path, data: dict) -> dict:
+    """Run the template's expand(data) (trusted code, like a scorer): it fills in the fields.
+
+    A template raises ConfigError("field 'x': ...") for bad parameters; the file is added here.
+    """
+    import importlib.util
+
+    module_path = (path.resolve().parent / str(data["template"])).resolve()
+    if not module_path.is_file():
+        raise ConfigError(f"{path}: field 'template': file {module_path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"evolve_template_{module_path.stem}", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return module.expand(dict(data))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def run_problem(spec: dict) -> Problem:
+    """The problem of a run, as its run.json names it (the YAML and its `--set` overrides)."""
+    return load_problem(spec["problem"], spec.get("set"))
+
+
+def problem_snapshot(problem: Problem) -> str:
+    """The problem as stored with a run: every field after overrides and templates."""
+    return yaml.safe_dump(problem.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def load_policy(path: str | Path) -> Policy:

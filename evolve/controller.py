@@ -95,18 +95,21 @@ class Controller:
             return "llm call budget reached"
         if b.wall_time_s is not None and self.past_wall + time.time() - self.stats.started >= b.wall_time_s:
             return "wall time reached"
+        if b.target_objective is not None and (best := self.db.best()) is not None \
+                and best.objective >= b.target_objective - 1e-12:
+            return "target reached"
         return None
 
     # ---- seed and pending ----------------------------------------------------------------
     async def _ensure_seed(self) -> None:
         if self.db.count():
             return
-        code = self.problem.resolve(self.problem.program).read_text()
+        code = self.problem.seed_code()
         seed = Program(code=code, island=0, origin="seed", generation=0, status="pending")
         started = time.time()
         result = await self.evaluator.evaluate(code)
         if result.status != "ok":
-            raise RuntimeError(f"the seed program {self.problem.program} is not valid: "
+            raise RuntimeError(f"the seed program {self.problem.program or '(program_code)'} is not valid: "
                                f"{result.status}: {result.error}")
         _fill(seed, result)
         first = self.db.add_seed(seed)[0]

@@ -22,7 +22,7 @@ MAX_REASON_CHARS = 600  # per component, so one long traceback cannot hide the o
 @dataclass
 class Evaluation:
     status: str  # "ok" | "invalid" | "error" | "timeout"
-    components: dict[str, float]  # normalised (raw / reference); 0.0 for every failed component
+    components: dict[str, float]  # normalised (1.0 = the reference); 0.0 for every failed component
     raw: dict[str, float]  # raw scorer values of the valid components
     objective: float  # weighted sum of components with problem.weight_vector()
     headline: float | None  # raw value of problem.headline if valid
@@ -49,20 +49,19 @@ class Evaluator:
     async def evaluate(self, code: str) -> Evaluation:
         start = time.monotonic()
         problem = self.problem
-        cases = [{"name": c.name, "args": c.args} for c in problem.components]
-        result = await self.sandbox.run(code, problem.entry_point, cases)
+        result = await self.sandbox.run(code, problem.entry_point, problem.cases())
         raw, reasons = self._score_outputs(result)
         status = _status(result, raw)
-        components = {c.name: raw[c.name] / c.reference if c.name in raw else 0.0
+        components = {c.name: c.normalise(raw[c.name]) if c.name in raw else 0.0
                       for c in problem.components}
-        weights = problem.weight_vector()
-        descriptors = self._descriptors(result, raw, reasons) if status == "ok" else {}
+        objective = problem.objective(components)
+        descriptors = self._descriptors(result, raw, reasons, code) if status == "ok" else {}
         return Evaluation(
             status=status,
             components=components,
             raw=raw,
-            objective=sum(weights[name] * value for name, value in components.items()),
-            headline=raw.get(problem.headline),
+            objective=objective,
+            headline=_headline(problem, raw, status, objective),
             descriptors=descriptors,
             error=_error_text(reasons, result),
             elapsed_s=time.monotonic() - start,
@@ -86,13 +85,20 @@ class Evaluator:
                 reasons[name] = f"invalid: {exc}"
         return raw, reasons
 
-    def _descriptors(self, result: SandboxResult, raw: dict, reasons: dict) -> dict[str, float]:
+    def _descriptors(self, result: SandboxResult, raw: dict, reasons: dict, code: str) -> dict[str, float]:
         valid = {name: result.outputs[name] for name in raw}
         try:
-            return {k: float(v) for k, v in self.scorer.descriptors(valid).items()}
+            return {k: float(v) for k, v in self.scorer.descriptors(valid, code).items()}
         except Exception as exc:
             reasons["descriptors"] = f"descriptors failed: {exc}"
             return {}
+
+
+def _headline(problem: Problem, raw: dict, status: str, objective: float) -> float | None:
+    """The raw headline component, or the objective itself for `headline: objective`."""
+    if problem.headline != "objective":
+        return raw.get(problem.headline)
+    return objective if status == "ok" else None
 
 
 def _status(result: SandboxResult, raw: dict[str, float]) -> str:

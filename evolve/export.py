@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from .config import ConfigError, load_problem
+from .config import ConfigError, run_problem
 from .evaluator import load_scorer
 from .schema import Cell, Evaluation, Program
 from .snapshot import InspectError, RunReader, Snapshot
@@ -169,7 +169,7 @@ def plot_progress(snap: Snapshot, evaluated, path: Path) -> Path:
                              transform=bottom.get_xaxis_transform(), label="failed (invalid/error/timeout)",
                              zorder=4)
         bottom.legend(handles=[rug], loc="lower right", fontsize=8)
-    reference = _reference(snap)
+    reference = snap.reference
     if reference is not None:
         top.axhline(reference, color="#d62728", linestyle=":", linewidth=1,
                     label=f"reference {reference:.4f}")
@@ -183,12 +183,6 @@ def plot_progress(snap: Snapshot, evaluated, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
-
-
-def _reference(snap: Snapshot) -> float | None:
-    if snap.best is None or not snap.best.raw.get(snap.headline) or not snap.best.fitness.get(snap.headline):
-        return None
-    return snap.best.raw[snap.headline] / snap.best.fitness[snap.headline]  # fitness = raw / reference
 
 
 def grid_array(snap: Snapshot, cells: dict):
@@ -260,7 +254,7 @@ def draw_best(snap: Snapshot, code: str | None, spec: dict, path: Path, backend:
     if snap.best is None or code is None:
         return "best_program.png: no valid program to draw"
     try:
-        problem = load_problem(spec["problem"])
+        problem = run_problem(spec)
     except ConfigError as exc:
         return f"best_program.png: not drawn: {exc}"
     scorer = load_scorer(problem)
@@ -297,8 +291,7 @@ def run_in_sandbox(problem, code: str, backend: str | None = None) -> tuple[dict
     limits = problem.sandbox if backend is None else problem.sandbox.model_copy(update={"backend": backend})
     sandbox = make_sandbox(limits)
     try:
-        cases = [{"name": c.name, "args": c.args} for c in problem.components]
-        result = asyncio.run(sandbox.run(code, problem.entry_point, cases))
+        result = asyncio.run(sandbox.run(code, problem.entry_point, problem.cases()))
     finally:
         sandbox.close()
     return result.outputs, result.detail or "; ".join(result.case_errors.values())

@@ -6,6 +6,10 @@ file next to the candidate, in the process backend's temp dir or in a Docker con
     python -I harness.py  < {"program": "candidate.py", "entry_point": "construct_packing",
                              "cases": [{"name": "n26", "args": {"n": 26}}, ...]}
 
+A case may also carry "driver": the source of the problem's trusted driver, which defines
+drive(entry, **args); the harness then calls that instead of entry(**args) (code problems use
+it to run their test cases against the candidate and send back what it returned).
+
 For every case it writes one line to its ORIGINAL stdout, flushed at once so the lines that
 arrived survive a timeout:
     {"case": "n26", "output": <plain data>}   or   {"case": "n26", "error": "<reason>"}
@@ -90,9 +94,14 @@ def load_candidate(path):
     return module
 
 
-def run_case(function, args):
+def run_case(function, case):
+    """entry(**args), or drive(entry, **args) when the problem has a trusted driver."""
     try:
-        return {"output": to_plain(function(**args))}
+        if "driver" in case:
+            namespace = {"__name__": "driver"}
+            exec(compile(case["driver"], "driver.py", "exec"), namespace)
+            return {"output": to_plain(namespace["drive"](function, **case["args"]))}
+        return {"output": to_plain(function(**case["args"]))}
     except BaseException as exc:  # SystemExit and friends are the candidate's failure too
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -127,7 +136,7 @@ def main():
             emit(results, {"case": case["name"], "error": failure})
     else:
         for case in cases:
-            emit(results, {"case": case["name"], **run_case(function, case["args"])})
+            emit(results, {"case": case["name"], **run_case(function, case)})
     emit(results, {"done": True})
     # Skip interpreter shutdown: atexit hooks and non-daemon threads of the candidate
     # must not keep the process alive after the results are out.

@@ -6,7 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 
-from .config import Policy, Problem, load_policy, load_problem
+from .config import Policy, Problem, load_policy, problem_snapshot, run_problem
 from .controller import Controller
 from .database import ProgramDatabase
 from .evaluator import Evaluator
@@ -17,7 +17,7 @@ from .policy import PolicyClient
 def open_database(spec: dict, problem: Problem, policy: Policy, run_dir: Path) -> ProgramDatabase:
     return ProgramDatabase.open(
         spec["db_url"], run_name=spec["run_name"],
-        problem_yaml=Path(spec["problem"]).read_text(), policy_yaml=Path(spec["policy"]).read_text(),
+        problem_yaml=problem_snapshot(problem), policy_yaml=Path(spec["policy"]).read_text(),
         seed=spec["seed"], axes=problem.descriptors, search=problem.search, problem_name=problem.name)
 
 
@@ -35,8 +35,11 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
     return server.base_url, policy.model
 
 
-def run_search(run_dir: Path, spec: dict, dashboard: bool = False) -> str:
-    problem = load_problem(spec["problem"])
+def run_search(run_dir: Path, spec: dict, dashboard: bool = False,
+               server: tuple[str, str] | None = None) -> str:
+    """One run to its budget (or an interrupt); `server` = (base_url, model) of a running policy
+    server to share (`evolve suite`), instead of starting the policy's own."""
+    problem = run_problem(spec)
     policy = load_policy(spec["policy"])
     budget = problem.budget.model_copy(update=spec.get("budget", {}))
     with ExitStack() as stack:
@@ -52,7 +55,7 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False) -> str:
                      "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
                                      "policy": policy.name, "seed": spec["seed"],
                                      "budget": budget.max_evaluations}))
-        base_url, model = start_policy_server(policy, run_dir, spec["seed"], stack)
+        base_url, model = server or start_policy_server(policy, run_dir, spec["seed"], stack)
         client = PolicyClient(policy, base_url, model)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)

@@ -130,6 +130,7 @@ class Snapshot:
     problem: str
     headline: str  # the headline component's name
     components: tuple[str, ...]
+    reference: float | None  # the headline component's reference value, if it has one
     seed: int
     policy: str
     model: str
@@ -400,6 +401,7 @@ class RunReader:
         return Snapshot(
             taken_at=now, run_dir=str(self.run_dir), run=self.run_name, problem=self.problem.name,
             headline=self.problem.headline, components=tuple(c.name for c in self.problem.components),
+            reference=next((c.reference for c in self.problem.components if c.name == self.problem.headline), None),
             seed=self.seed, policy=self.policy_name, model=self.model, state=state,
             elapsed_s=elapsed, evaluations=acc.evaluations, budget=max_evals, llm_calls=acc.calls,
             max_llm_calls=max_calls, tokens=acc.tokens, llm_s=acc.llm_s, sessions=len(sessions), eta_s=eta, children=dict(acc.children),

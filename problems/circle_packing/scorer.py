@@ -24,9 +24,10 @@ def score(args: dict, output: Any) -> float:
     return math.fsum(radii)
 
 
-def descriptors(outputs: dict[str, Any]) -> dict[str, float]:
+def descriptors(outputs: dict[str, Any], code: str = "") -> dict[str, float]:
     """Behaviour of one packing, from the VALID outputs by case name (the caller filters).
 
+    `code` is the candidate's source (unused here: the packing itself says how it behaves).
     Uses the n=26 packing when present (the headline case), else the first one.
     """
     if not outputs:
