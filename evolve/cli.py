@@ -1,4 +1,5 @@
-"""`evolve` command line: run, resume, status, best, show, dashboard, export, train, compare, sandbox."""
+"""`evolve` command line: run, resume, status, best, show, dashboard, export, train, check, compare,
+suite, sandbox."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ConfigError, load_policy, load_problem
+from .config import ConfigError, load_policy, load_problem, run_problem
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEFAULT_POLICY = PROJECT / "policies" / "frozen.yaml"
@@ -37,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="default: runs/<problem>-<time>")
     run.add_argument("--db-url", help="any SQLAlchemy URL (default: SQLite in the run directory)")
     run.add_argument("--seed", type=int, help="overrides the problem's seed")
+    _set_arg(run)
     _budget_args(run)
     _dashboard_arg(run)
     run.set_defaults(func=cmd_run)
@@ -79,7 +81,21 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, help="at most this many training steps")
     train.set_defaults(func=cmd_train)
 
+    check = sub.add_parser("check", help="run a problem's seed program through the sandbox and scorer")
+    check.add_argument("problem", type=Path, help="problem YAML")
+    _set_arg(check)
+    check.add_argument("--backend", choices=["docker", "process"], help="default: the problem's sandbox.backend")
+    check.set_defaults(func=cmd_check)
+
     _compare_parser(sub)
+
+    suite = sub.add_parser("suite", help="a fixed budget on every instance of a suite; how many are solved")
+    suite.add_argument("suite", type=Path, help="suite YAML, e.g. problems/humaneval_hard.yaml")
+    suite.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="policy YAML (default: %(default)s)")
+    suite.add_argument("--out", type=Path, help="suite directory (default: runs/suite-<name>-<time>); "
+                       "an existing one is resumed")
+    suite.add_argument("--max-evaluations", type=int, help="per instance (overrides the suite YAML)")
+    suite.set_defaults(func=cmd_suite)
 
     sandbox = sub.add_parser("sandbox", help="the Docker sandbox: build its image, check it")
     actions = sandbox.add_subparsers(required=True, metavar="ACTION")
@@ -94,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
     check = actions.add_parser("check", help="report the engine, the image and a test evaluation")
     check.set_defaults(func=cmd_sandbox_check)
     return p
+
+
+def _set_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field of the problem YAML, e.g. --set task=HumanEval/0 or "
+                        "--set sandbox.timeout_s=10 (repeatable; a resume keeps them)")
 
 
 def _budget_args(p: argparse.ArgumentParser) -> None:
@@ -112,16 +134,24 @@ def cmd_run(args) -> int:
     if args.run_dir and (args.run_dir / RUN_FILE).exists():
         print(f"{args.run_dir} exists: resuming it")
         return cmd_resume(args)
-    problem = load_problem(args.problem)
+    problem = load_problem(args.problem, args.set)
     load_policy(args.policy)  # fail before creating anything
     run_dir = args.run_dir or Path("runs") / f"{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"problem": str(args.problem.resolve()), "policy": str(args.policy.resolve()),
-            "seed": problem.seed if args.seed is None else args.seed,
-            # None: evolve.db inside the run directory, wherever it is moved or copied to
-            "db_url": args.db_url, "run_name": run_dir.resolve().name, "budget": {}}
-    _write_spec(run_dir, spec)
+    new_run(run_dir, args.problem, args.set or [], args.policy,
+            problem.seed if args.seed is None else args.seed, args.db_url)
     return _launch(run_dir, args)
+
+
+def new_run(run_dir: Path, problem: Path, sets: list[str], policy: Path, seed: int,
+            db_url: str | None = None, budget: dict | None = None) -> dict:
+    """Create a run directory's run.json: what `evolve resume` needs to go on."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"problem": str(Path(problem).resolve()), "set": list(sets), "policy": str(Path(policy).resolve()),
+            "seed": seed,
+            # None: evolve.db inside the run directory, wherever it is moved or copied to
+            "db_url": db_url, "run_name": run_dir.resolve().name, "budget": dict(budget or {})}
+    _write_spec(run_dir, spec)
+    return spec
 
 
 def cmd_resume(args) -> int:
@@ -133,6 +163,14 @@ def _write_spec(run_dir: Path, spec: dict) -> None:
     tmp = run_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(spec, indent=2) + "\n")
     tmp.replace(run_dir / RUN_FILE)
+
+
+def update_budget(run_dir: Path, budget: dict) -> dict:
+    """Budget overrides (None: unchanged) are remembered: a later resume keeps a raised budget."""
+    stored = json.loads((run_dir / RUN_FILE).read_text())
+    stored["budget"].update({k: v for k, v in budget.items() if v is not None})
+    _write_spec(run_dir, stored)
+    return read_spec(run_dir)
 
 
 def read_spec(run_dir: Path) -> dict:
@@ -149,12 +187,8 @@ def _launch(run_dir: Path, args) -> int:
     """Open everything a run needs, run the controller, and always clean up."""
     from .runner import run_search  # heavy imports only for commands that need them
 
-    spec = read_spec(run_dir)
-    for key, value in (("max_evaluations", args.max_evaluations),
-                       ("max_llm_calls", args.max_llm_calls), ("wall_time_s", args.wall_time)):
-        if value is not None:
-            spec["budget"][key] = value  # remembered: a later resume keeps the raised budget
-    _write_spec(run_dir, {**json.loads((run_dir / RUN_FILE).read_text()), "budget": spec["budget"]})
+    spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
+                                   "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
     from .dashboard import wants_dashboard
     try:
         reason = run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
@@ -170,7 +204,7 @@ def cmd_train(args) -> int:
     from .runner import open_database
 
     spec = read_spec(args.run_dir)
-    problem, policy = load_problem(spec["problem"]), load_policy(args.policy)
+    problem, policy = run_problem(spec), load_policy(args.policy)
     if policy.train is None:
         raise ConfigError(f"{args.policy}: field 'train': required by `evolve train` (this policy is frozen)")
     out = args.out or args.run_dir / f"offline-{policy.name}"
@@ -183,6 +217,11 @@ def cmd_train(args) -> int:
         db.close()
     print(f"{len(steps)} training step(s); adapters in {out}")
     return 0
+
+
+def cmd_check(args) -> int:
+    from .check import check
+    return check(load_problem(args.problem, args.set), args.backend)
 
 
 # ---- inspection (read-only) --------------------------------------------------------------------
@@ -233,6 +272,7 @@ def _compare_parser(sub) -> None:
     c = sub.add_parser("compare", help="policies head to head: runs, held-out best@k/pass@k, report")
     c.add_argument("problem", type=Path, nargs="?", help="problem YAML (not with --resume)")
     c.add_argument("--policies", type=Path, nargs="+", help="policy YAMLs, e.g. policies/frozen.yaml policies/grpo.yaml")
+    _set_arg(c)
     c.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every policy (default: %(default)s)")
     c.add_argument("--budget", type=int, help="evaluated candidates per arm (may be raised on --resume)")
     c.add_argument("--out", type=Path, help="comparison directory (default: runs/compare-<problem>-<time>); "
@@ -255,6 +295,11 @@ def _compare_parser(sub) -> None:
 def cmd_compare(args) -> int:
     from .compare import main as compare_main
     return compare_main(args)
+
+
+def cmd_suite(args) -> int:
+    from .suite import main as suite_main
+    return suite_main(args)
 
 
 # ---- sandbox ---------------------------------------------------------------------------------
