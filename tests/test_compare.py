@@ -86,6 +86,14 @@ def query(db: Path, sql: str, *args):
         return conn.execute(sql, args).fetchall()
 
 
+def calls_made(db: Path) -> bool:
+    """Polling a run that is starting: its database may exist before its tables do."""
+    try:
+        return db.exists() and query(db, "SELECT count(*) FROM llm_calls")[0][0] > 0
+    except sqlite3.OperationalError:
+        return False
+
+
 def sessions(arm_dir: Path) -> list[str]:
     return [r for (r,) in query(arm_dir / "evolve.db", "SELECT stop_reason FROM sessions ORDER BY id")]
 
@@ -234,7 +242,7 @@ def test_ctrl_c_stops_the_comparison_and_it_resumes_where_it_stopped(scripted, t
     alpha = scripted.out / "arms" / "alpha-s0"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if (alpha / "evolve.db").exists() and query(alpha / "evolve.db", "SELECT count(*) FROM llm_calls")[0][0]:
+        if calls_made(alpha / "evolve.db"):
             break
         time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does

@@ -1,0 +1,309 @@
+"""The problem suite: every shipped problem's scorer, HumanEval's test splitting and judging,
+templates and --set, `evolve check` on every problem, and the target that stops a run.
+
+Judging goes through the real sandbox (Docker where it is ready; the process backend for the
+hostile-candidate checks that only concern the trust boundary in the engine).
+"""
+import asyncio
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evolve.config import ConfigError, load_problem
+from evolve.evaluator import Evaluator
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEMS = ROOT / "problems"
+HUMANEVAL = PROBLEMS / "humaneval.yaml"
+# Plain asserts, setup lines before the asserts, a call by the function's own name (33),
+# loops of asserts over random inputs with helpers from the prompt (32, 38), floats (2, 4).
+TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/4", "HumanEval/32", "HumanEval/33",
+         "HumanEval/38", "HumanEval/53", "HumanEval/100", "HumanEval/151"]
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+template = _load(PROBLEMS / "humaneval" / "template.py", "he_template")
+he_scorer = _load(PROBLEMS / "humaneval" / "scorer.py", "he_scorer")
+md_scorer = _load(PROBLEMS / "min_max_distance" / "scorer.py", "md_scorer")
+md_seed = _load(PROBLEMS / "min_max_distance" / "seed.py", "md_seed")
+
+
+def task(tid: str, backend: str | None = None):
+    sets = [f"task={tid}"] + ([f"sandbox.backend={backend}"] if backend else [])
+    return load_problem(HUMANEVAL, sets)
+
+
+def canonical(tid: str) -> str:
+    row = template.dataset()[tid]
+    return row["prompt"] + row["canonical_solution"]
+
+
+def evaluate(problem, code: str):
+    evaluator = Evaluator(problem)
+    try:
+        return asyncio.run(evaluator.evaluate(code))
+    finally:
+        evaluator.sandbox.close()
+
+
+# ---- HumanEval: splitting --------------------------------------------------------------------
+def asserts_in_check(tid: str) -> int:
+    """Counted from the text, independently of the AST split: the check() lines that start an
+    assert on the candidate, or a loop whose body asserts on it (one case per loop)."""
+    body = template.dataset()[tid]["test"].split("def check(candidate):", 1)[1]
+    statements = re.split(r"\n(?=    \S)", body)
+    return sum(1 for s in statements if "assert" in s and "candidate" in s)
+
+
+@pytest.mark.parametrize("tid", TASKS)
+def test_one_component_per_assert(tid):
+    problem = task(tid)
+    assert len(problem.components) == asserts_in_check(tid) > 0
+    assert [c.name for c in problem.components] == [f"test_{i:02d}" for i in range(1, len(problem.components) + 1)]
+    assert all(c.reference == 1.0 and c.args["function"] == problem.entry_point for c in problem.components)
+
+
+def test_known_counts_and_setup_lines():
+    assert len(task("HumanEval/0").components) == 7
+    loop = task("HumanEval/32").components
+    assert len(loop) == 1 and "rng = random.Random(42)" in loop[0].args["setup"]
+    assert loop[0].args["test"].startswith("for _ in range(100):")
+
+
+def test_padding_asserts_that_never_call_the_candidate_are_left_out():
+    padded = [t for t, row in template.dataset().items() if "assert True" in row["test"]]
+    assert padded, "HumanEval pads some tests with assert True"
+    for tid in padded[:5]:
+        assert all("assert True" not in c.args["test"] for c in task(tid).components)
+
+
+def test_seed_is_the_prompt_with_an_empty_body_inside_the_evolve_block():
+    problem = task("HumanEval/38")
+    code = problem.seed_code()
+    assert code.index("def encode_cyclic") < code.index("# EVOLVE-BLOCK-START") < code.index("def decode_cyclic")
+    assert code.rstrip().endswith("# EVOLVE-BLOCK-END") and "pass" in code
+    assert problem.name == "humaneval-38" and problem.headline == "objective"
+
+
+# ---- HumanEval: judging in the real sandbox --------------------------------------------------------
+@pytest.mark.parametrize("tid", TASKS)
+def test_canonical_solution_scores_all_ones_and_the_empty_function_zeros(tid, docker_ready):
+    problem = task(tid)
+    right = evaluate(problem, canonical(tid))
+    assert right.status == "ok" and set(right.components.values()) == {1.0}, right.error
+    assert right.objective == 1.0 == right.headline
+    empty = evaluate(problem, problem.seed_code())
+    assert empty.status == "ok" and set(empty.components.values()) == {0.0}, empty.error
+    assert set(empty.descriptors) == {"statements", "branches"}
+
+
+def test_partial_solution_gets_a_partial_vector(docker_ready):
+    # has_close_elements that only looks at neighbours in the given order: right on some tests.
+    code = canonical("HumanEval/0").split("    for idx")[0] + (
+        "    return any(abs(a - b) < threshold for a, b in zip(numbers, numbers[1:]))\n")
+    result = evaluate(task("HumanEval/0"), code)
+    values = list(result.components.values())
+    assert result.status == "ok" and 0 < sum(values) < len(values), values
+    assert set(values) <= {0.0, 1.0} and result.objective == pytest.approx(sum(values) / len(values))
+
+
+HOSTILE = {
+    # The classic HumanEval exploit: an object equal to everything.
+    "always_equal": "class Yes:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+                    "def has_close_elements(numbers, threshold):\n    return Yes()\n",
+    # Patching the builtins of the process it runs in cannot reach the engine's assert.
+    "patch_builtins": "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.AssertionError = type('E', (BaseException,), {})\n"
+                      "def has_close_elements(numbers, threshold):\n    return None\n",
+    # Leaving before the test can fail.
+    "exit": "import os\ndef has_close_elements(numbers, threshold):\n    os._exit(0)\n",
+    "raise": "def has_close_elements(numbers, threshold):\n    raise SystemExit(0)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_candidate_cannot_make_an_assert_pass(name):
+    result = evaluate(task("HumanEval/0", "process"), HOSTILE[name])
+    assert result.objective == 0.0, (name, result.components)
+
+
+def test_a_candidate_that_uses_random_or_mutates_its_input_is_judged_fairly():
+    # HumanEval/38's test draws its inputs from `random`; the candidate draws too and
+    # scrambles the list it is given: neither may change what the test checks.
+    tid = "HumanEval/38"
+    code = canonical(tid) + "\nimport random\n_orig = decode_cyclic\n" \
+        "def decode_cyclic(s):\n    random.random()\n    return _orig(s)\n"
+    assert evaluate(task(tid, "process"), code).objective == 1.0
+    tid = "HumanEval/33"
+    code = canonical(tid) + "\n_orig = sort_third\ndef sort_third(l):\n    out = _orig(l)\n    l.clear()\n    return out\n"
+    assert evaluate(task(tid, "process"), code).objective == 1.0
+
+
+def test_scorer_replays_calls_and_rejects_malformed_output():
+    args = task("HumanEval/0").components[0].args  # candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    call = "(([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), [])"
+    assert he_scorer.score(args, [{"call": call, "result": "True"}]) == 1.0
+    assert he_scorer.score(args, [{"call": call, "result": "False"}]) == 0.0
+    assert he_scorer.score(args, [{"call": call, "error": "ValueError: no"}]) == 0.0
+    assert he_scorer.score(args, [{"call": "(([1.0], 0.3), [])", "result": "True"}]) == 0.0  # another call
+    assert he_scorer.score(args, [{"call": call, "result": "__import__('os')"}]) == 0.0  # not a literal
+    assert he_scorer.score(args, []) == 0.0
+    for bad in ("True", [["call", "True"]], [{"call": call, "result": 1}], {"call": call}):
+        with pytest.raises(ValueError):
+            he_scorer.score(args, bad)
+
+
+# ---- templates and --set ------------------------------------------------------------------------
+def test_task_comes_from_set_or_the_yaml():
+    assert task("17").name == "humaneval-17"
+    assert load_problem(HUMANEVAL).name == "humaneval-0"  # the YAML's own task field
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["task=HumanEval/999"], r"humaneval.yaml: field 'task': no task 'HumanEval/999'"),
+    (["task"], r"humaneval.yaml: --set 'task': expected KEY=VALUE"),
+    (["budget.max_evaluations=lots"], r"humaneval.yaml: field 'budget.max_evaluations'"),
+    (["typo=1"], r"humaneval.yaml: field 'typo': Extra inputs are not permitted"),
+])
+def test_bad_parameters_are_one_clear_line(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        load_problem(HUMANEVAL, sets)
+
+
+def test_set_overrides_nested_fields():
+    problem = load_problem(PROBLEMS / "circle_packing.yaml", ["budget.max_evaluations=7", "sandbox.timeout_s=5"])
+    assert problem.budget.max_evaluations == 7 and problem.sandbox.timeout_s == 5
+
+
+# ---- mathematics ----------------------------------------------------------------------------------
+def test_min_max_distance_seed_and_exact_ratios():
+    grid = md_seed.construct_points(16, 2).tolist()
+    assert md_scorer.score({"n": 16, "d": 2}, grid) == 18.0  # corners sqrt(18) apart, neighbours 1
+    assert md_scorer.score({"n": 14, "d": 3}, md_seed.construct_points(14, 3).tolist()) == 9.0
+    # Regular hexagon plus its centre: every nearest pair at distance 1, the farthest at 2.
+    hexagon = [[0.0, 0.0]] + [[math.cos(k * math.pi / 3), math.sin(k * math.pi / 3)] for k in range(6)]
+    assert md_scorer.score({"n": 7, "d": 2}, hexagon) == pytest.approx(4.0, rel=1e-12)
+    assert md_scorer.score({"n": 2, "d": 2}, [[0, 0], [3, 4]]) == 1.0
+
+
+@pytest.mark.parametrize("output, reason", [
+    ([[0.0, 0.0]] * 2, "coincide"),
+    ([[0.0, 0.0], [1.0]], "2 coordinates"),
+    ([[0.0, 0.0], [1.0, float("nan")]], "not finite"),
+    ([[0.0, 0.0], [True, 1.0]], "not a number: bool"),
+    ([[0.0, 0.0], ["1", 1.0]], "not a number: str"),
+    ([[0.0, 0.0]], "expected 2 points"),
+    ("points", "expected 2 points"),
+])
+def test_min_max_distance_rejects_invalid_sets(output, reason):
+    with pytest.raises(ValueError, match=reason):
+        md_scorer.score({"n": 2, "d": 2}, output)
+
+
+def test_min_max_distance_is_exact_for_nearly_coincident_points():
+    # 1e-200 apart: the squared distance underflows to 0.0 in floats (a float scorer would call
+    # them coincident or divide by zero); exactly, they are distinct and the ratio is too large.
+    with pytest.raises(ValueError, match="too large"):
+        md_scorer.score({"n": 3, "d": 2}, [[0.0, 0.0], [1e-200, 0.0], [1.0, 0.0]])
+    assert md_scorer.score({"n": 3, "d": 2}, [[0.0, 0.0], [1e-100, 0.0], [1.0, 0.0]]) == pytest.approx(1e200)
+
+
+def test_minimize_components_normalise_as_reference_over_value():
+    problem = load_problem(PROBLEMS / "min_max_distance.yaml")
+    c = problem.components[0]
+    assert c.goal == "minimize" and c.normalise(c.reference) == 1.0
+    assert c.normalise(18.0) == pytest.approx(12.889266112 / 18.0) and c.normalise(2 * c.reference) == 0.5
+
+
+def test_circle_packing_32_is_its_own_headline():
+    problem = load_problem(PROBLEMS / "circle_packing_32.yaml")
+    assert [c.name for c in problem.components] == ["n32"] and problem.headline == "n32"
+    assert problem.components[0].reference == 2.939572771205
+
+
+# ---- evolve check on every shipped problem ----------------------------------------------------------
+def shipped_problems() -> list[Path]:
+    return sorted(p for p in PROBLEMS.glob("*.yaml") if "vary" not in yaml.safe_load(p.read_text()))
+
+
+def test_every_problem_yaml_is_covered():
+    names = {p.name for p in shipped_problems()}
+    assert {"circle_packing.yaml", "circle_packing_32.yaml", "min_max_distance.yaml", "humaneval.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", shipped_problems(), ids=lambda p: p.stem)
+def test_check_every_shipped_problem(path, docker_ready):
+    out = subprocess.run([sys.executable, "-m", "evolve.cli", "check", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "docker sandbox" in out.stdout and "status ok" in out.stdout
+    problem = load_problem(path)
+    assert all(c.name in out.stdout for c in problem.components[:5])
+    assert "MAP-Elites cell" in out.stdout
+
+
+def test_check_fails_for_a_seed_that_fails_its_scorer(tmp_path):
+    data = yaml.safe_load((PROBLEMS / "circle_packing_32.yaml").read_text())
+    data.update(program_code="def construct_packing(n):\n    return [[0.5, 0.5]] * n, [0.5] * n\n",
+                program=None, scorer=str(PROBLEMS / "circle_packing" / "scorer.py"))
+    data["sandbox"]["backend"] = "process"
+    path = tmp_path / "overlapping.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "evolve.cli", "check", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "status invalid" in out.stdout and "overlap" in out.stdout
+
+
+# ---- budget.target_objective stops a run ---------------------------------------------------------------
+class CanonicalClient:
+    """Answers every request with the diff that writes HumanEval/0's canonical body."""
+    model = "scripted"
+
+    def __init__(self):
+        body = template.dataset()["HumanEval/0"]["canonical_solution"].rstrip("\n")
+        self.answer = f"Write it.\n<<<<<<< SEARCH\n    pass  # to be written\n=======\n{body}\n>>>>>>> REPLACE"
+
+    async def sample(self, messages, n, seed=None):
+        from evolve.policy import Sample
+        await asyncio.sleep(0.01)  # a real client waits on the network; the loop relies on it
+        return Sample(texts=[self.answer] * n, finish_reasons=["stop"] * n, prompt_tokens=100,
+                      completion_tokens=50 * n, started_at=0.0, latency_s=0.01)
+
+    async def close(self):
+        pass
+
+
+def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
+    from scripted_run import write_policy
+
+    from evolve.config import load_policy
+    from evolve.controller import Controller
+    from evolve.runner import open_database
+
+    problem = task("HumanEval/0", "process")
+    assert problem.budget.target_objective == 1.0
+    budget = problem.budget.model_copy(update={"max_evaluations": 50, "llm_concurrency": 1})
+    policy_path = write_policy(tmp_path)
+    spec = {"problem": str(HUMANEVAL), "set": ["task=HumanEval/0"], "policy": str(policy_path), "seed": 0,
+            "db_url": f"sqlite:///{tmp_path / 'evolve.db'}", "run_name": "target"}
+    policy = load_policy(policy_path)
+    db = open_database(spec, problem, policy, tmp_path)
+    try:
+        controller = Controller(problem, policy, db, Evaluator(problem), CanonicalClient(), budget, 0,
+                                lambda event: None)
+        assert asyncio.run(controller.run()) == "target reached"
+        assert db.best().objective == 1.0
+        assert db.evaluations_done() <= 1 + policy.sampling.group_size  # the seed and one group
+    finally:
+        db.close()
