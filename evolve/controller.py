@@ -115,8 +115,7 @@ class Controller:
         first = self.db.add_seed(seed)[0]
         self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,
                                status=result.status, started_at=started, elapsed_s=result.elapsed_s))
-        self.emit("seed", f"seed: {self.problem.headline} = {result.headline:.6f}, "
-                  f"objective {result.objective:.4f}", program=first.id, headline=result.headline,
+        self.emit("seed", f"seed: {self._scores(result)}", program=first.id, headline=result.headline,
                   objective=result.objective)
 
     async def _resume_pending(self) -> None:
@@ -261,8 +260,7 @@ class Controller:
         self.db.tell_result(child, evaluation)
         if result.status == "ok" and best_before is not None and result.objective > best_before.objective:
             delta = result.objective - best_before.objective
-            self.emit("best", f"new best #{child.id}: {self.problem.headline} = {result.headline:.6f}, "
-                      f"objective {result.objective:.4f} (+{delta:.4f})", program=child.id,
+            self.emit("best", f"new best #{child.id}: {self._scores(result)} (+{delta:.4f})", program=child.id,
                       island=child.island, headline=result.headline, objective=result.objective,
                       delta=delta)
 
@@ -290,6 +288,12 @@ class Controller:
             f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
             f"{s.tokens / (minutes * 60):.0f} tok/s",
             evaluations=done, budget=self.budget.max_evaluations, best=best.id)
+
+    def _scores(self, result) -> str:
+        """'n26 = 2.166667, objective 0.8658', or just the objective when that is the headline."""
+        if self.problem.headline == "objective":
+            return f"objective {result.objective:.4f}"
+        return f"{self.problem.headline} = {result.headline:.6f}, objective {result.objective:.4f}"
 
     def emit(self, kind: str, message: str, **fields) -> None:
         self.report(Event(kind, message, fields))

@@ -76,8 +76,8 @@ def scores_line(program, problem: Problem) -> str:
     if program.status != "ok":
         return f"status {program.status}"
     comps = ", ".join(f"{k}={v:.4f}" for k, v in (program.fitness or {}).items())
-    return (f"{problem.headline} = {program.headline:.6f}; objective {program.objective:.4f}; "
-            f"normalised components: {comps}")
+    head = "" if problem.headline == "objective" else f"{problem.headline} = {program.headline:.6f}; "
+    return f"{head}objective {program.objective:.4f}; normalised components: {comps}"
 
 
 def _program_section(title: str, program, problem: Problem, whole: bool) -> str:

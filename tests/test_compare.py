@@ -385,3 +385,11 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch):
     [line] = fig["verdicts"]["final best objective"]
     assert line.startswith("frozen vs grpo: one seed: no statistical claim") and line in md
     print(f"compare end to end: {time.time() - started:.0f} s\n" + md)
+
+
+def test_problem_overrides_reach_every_arm_and_pin_the_comparison(tmp_path):
+    plan = compare.Plan(tmp_path, "problem.yaml", [], [0], 3, None, {}, sets=["task=HumanEval/7"])
+    arm = compare.Arm(0, "frozen", 0, tmp_path / "arms" / "frozen-s0", False)
+    assert "--set=task=HumanEval/7" in compare.arm_command(plan, arm, tmp_path / "p.yaml")
+    plan.save()
+    assert compare.Plan.load(tmp_path).sets == ["task=HumanEval/7"]
