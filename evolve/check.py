@@ -18,17 +18,22 @@ from .evaluator import Evaluation, Evaluator
 MAX_ROWS = 40  # a code problem can have dozens of test cases; the rest are summarised
 
 
-def check(problem: Problem, backend: str | None = None) -> int:
-    """Exit status 0 when the seed evaluates to status ok, 1 otherwise."""
+def evaluate_seed(problem: Problem, backend: str | None = None) -> tuple[Evaluation, str]:
+    """The seed's evaluation, exactly as a run makes it, and the sandbox backend used."""
     if backend:
         problem = problem.model_copy(update={"sandbox": problem.sandbox.model_copy(update={"backend": backend})})
     evaluator = Evaluator(problem)
     try:
-        result = asyncio.run(evaluator.evaluate(problem.seed_code()))
+        return asyncio.run(evaluator.evaluate(problem.seed_code())), evaluator.sandbox.backend
     finally:
         evaluator.sandbox.close()
+
+
+def check(problem: Problem, backend: str | None = None) -> int:
+    """Exit status 0 when the seed evaluates to status ok, 1 otherwise."""
+    result, used = evaluate_seed(problem, backend)
     console = Console()
-    console.print(f"[bold]{problem.name}[/]: seed program through the {evaluator.sandbox.backend} "
+    console.print(f"[bold]{problem.name}[/]: seed program through the {used} "
                   f"sandbox and the trusted scorer in {result.elapsed_s:.2f} s")
     console.print(_vector_table(problem, result))
     console.print(_summary(problem, result))

@@ -17,9 +17,10 @@ RUN_FILE = "run.json"
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from .database import SchemaError
     try:
         return args.func(args) or 0
-    except (ConfigError, RunDirError) as exc:
+    except (ConfigError, RunDirError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -135,11 +136,31 @@ def cmd_run(args) -> int:
         print(f"{args.run_dir} exists: resuming it")
         return cmd_resume(args)
     problem = load_problem(args.problem, args.set)
-    load_policy(args.policy)  # fail before creating anything
+    check_policy(args.policy)  # fail before creating anything
+    check_seed(problem)
     run_dir = args.run_dir or Path("runs") / f"{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     new_run(run_dir, args.problem, args.set or [], args.policy,
             problem.seed if args.seed is None else args.seed, args.db_url)
     return _launch(run_dir, args)
+
+
+def check_policy(path: Path) -> None:
+    """The policy file validates and, when the engine serves it, names a model that exists."""
+    from .models import policy_model_path
+
+    policy = load_policy(path)
+    if policy.server.embedded:
+        policy_model_path(policy)
+
+
+def check_seed(problem) -> None:
+    """A seed that fails its own scorer is a bad problem file: say so before making a run."""
+    from .check import evaluate_seed
+    from .controller import SeedError, seed_failure
+
+    result, _ = evaluate_seed(problem)
+    if result.status != "ok":
+        raise SeedError(seed_failure(problem, result))
 
 
 def new_run(run_dir: Path, problem: Path, sets: list[str], policy: Path, seed: int,
@@ -168,8 +189,10 @@ def _write_spec(run_dir: Path, spec: dict) -> None:
 def update_budget(run_dir: Path, budget: dict) -> dict:
     """Budget overrides (None: unchanged) are remembered: a later resume keeps a raised budget."""
     stored = json.loads((run_dir / RUN_FILE).read_text())
-    stored["budget"].update({k: v for k, v in budget.items() if v is not None})
-    _write_spec(run_dir, stored)
+    changes = {k: v for k, v in budget.items() if v is not None and stored["budget"].get(k) != v}
+    if changes:
+        stored["budget"].update(changes)
+        _write_spec(run_dir, stored)
     return read_spec(run_dir)
 
 
@@ -187,6 +210,12 @@ def _launch(run_dir: Path, args) -> int:
     """Open everything a run needs, run the controller, and always clean up."""
     from .runner import run_search  # heavy imports only for commands that need them
 
+    from .database import refuse_newer_schema
+    from .snapshot import database_url
+
+    stored = read_spec(run_dir)  # a bad policy or a newer database changes nothing, not even run.json
+    check_policy(stored["policy"])
+    refuse_newer_schema(database_url(run_dir, stored))
     spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
                                    "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
     from .dashboard import wants_dashboard

@@ -228,12 +228,19 @@ def read_yaml(path: str | Path, overrides: list[str] | None = None) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields at the top level")
     for item in overrides or []:
         _apply_override(path, data, item)
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where the parser stopped and why (PyYAML's own message spans several)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
 
 
 def _apply_override(path: Path, data: dict, item: str) -> None:

@@ -14,12 +14,22 @@ import numpy as np
 from sqlalchemy import select
 
 from .code import MutationError, apply_answer, split_answers
-from .config import Budget, Policy, Problem
+from .config import Budget, ConfigError, Policy, Problem
 from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, Sink, print_sink
 from .policy import PolicyClient, build_messages, dump_messages
 from .schema import Completion, Evaluation, LLMCall, Program, Session
+
+
+class SeedError(ConfigError):
+    """The problem's own seed program fails its scorer: no run can start from it."""
+
+
+def seed_failure(problem: Problem, result) -> str:
+    reason = (result.error or "").strip().splitlines()[:1] or ["no reason given"]
+    return (f"{problem.source_path}: field 'program': the seed program is not valid ({result.status}): "
+            f"{reason[0]}; see `evolve check {problem.source_path}`")
 
 
 @dataclass
@@ -109,8 +119,7 @@ class Controller:
         started = time.time()
         result = await self.evaluator.evaluate(code)
         if result.status != "ok":
-            raise RuntimeError(f"the seed program {self.problem.program or '(program_code)'} is not valid: "
-                               f"{result.status}: {result.error}")
+            raise SeedError(seed_failure(self.problem, result))
         _fill(seed, result)
         first = self.db.add_seed(seed)[0]
         self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,

@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -45,13 +48,50 @@ def connect(url: str) -> Engine:
     return engine
 
 
+class SchemaError(Exception):
+    """The database was written by a newer evolve: upgrading it here could lose data."""
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision (creating it on an empty database)."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg = _alembic_config()
     with engine.begin() as conn:
+        _refuse_newer(conn, ScriptDirectory.from_config(cfg))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+def refuse_newer_schema(url: str) -> None:
+    """SchemaError for a database from a newer evolve, found without writing to it."""
+    from .snapshot import InspectError, readonly_engine
+
+    try:
+        engine = readonly_engine(url)
+    except InspectError:
+        return  # no database yet
+    try:
+        with engine.connect() as conn:
+            _refuse_newer(conn, ScriptDirectory.from_config(_alembic_config()))
+    finally:
+        engine.dispose()
+
+
+def _alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def _refuse_newer(conn, scripts: ScriptDirectory) -> None:
+    current = MigrationContext.configure(conn).get_current_revision()
+    if current is None:
+        return
+    try:
+        scripts.get_revision(current)
+    except CommandError:
+        raise SchemaError(f"the database {conn.engine.url.render_as_string(hide_password=True)} is at "
+                          f"schema revision {current}, written by a newer evolve (this one knows up to "
+                          f"{scripts.get_current_head()}); upgrade evolve, the run's data is untouched") from None
 
 
 def code_hash(code: str) -> str:
@@ -123,6 +163,7 @@ class ProgramDatabase:
     def open(cls, url: str, run_name: str, problem_yaml: str, policy_yaml: str, seed: int,
              axes: list[Descriptor], search: Search, problem_name: str) -> "ProgramDatabase":
         """Open (migrating) the database and its run, creating the run on first use."""
+        refuse_newer_schema(url)  # before connect(): switching to WAL is already a write
         engine = connect(url)
         migrate(engine)
         with Session(engine) as s:

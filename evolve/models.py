@@ -91,6 +91,16 @@ def model_path(name_or_path: str) -> Path:
     )
 
 
+def policy_model_path(policy) -> Path:
+    """model_path for a policy file's `model` field; a missing model is a ConfigError naming both."""
+    from .config import ConfigError
+
+    try:
+        return model_path(policy.model)
+    except ModelError as exc:
+        raise ConfigError(f"{policy.source_path}: field 'model': {exc}") from None
+
+
 def ensure_model(model: str | ShippedModel) -> Path:
     """Return cache_dir()/models/<name>, building it from the installed packages if missing."""
     spec = model if isinstance(model, ShippedModel) else _lookup(model)

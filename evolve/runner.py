@@ -25,11 +25,11 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
     """(base_url, served model name): the embedded vLLM, started here, or the YAML's endpoint."""
     if not policy.server.embedded:
         return policy.server.base_url, policy.model
-    from .models import model_path
+    from .models import policy_model_path
     from .server import VLLMServer
 
     rank = policy.train.lora_rank if policy.train else None
-    server = VLLMServer(model_path(policy.model), served_name=policy.model, server=policy.server,
+    server = VLLMServer(policy_model_path(policy), served_name=policy.model, server=policy.server,
                         log_path=run_dir / "vllm.log", seed=seed, lora_rank=rank)
     stack.enter_context(server)
     return server.base_url, policy.model
