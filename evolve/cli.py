@@ -219,6 +219,8 @@ def _launch(run_dir: Path, args) -> int:
     spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
                                    "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
     from .dashboard import wants_dashboard
+    from .runner import terminate_as_interrupt
+    terminate_as_interrupt()
     try:
         reason = run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
     except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -82,7 +83,22 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
 
 
 async def _run(controller: Controller, client: PolicyClient) -> str:
+    # SIGTERM stops a run the way Ctrl-C does: the controller is cancelled, in-flight work is
+    # abandoned (children stay pending for the resume), and the ExitStack stops the server
+    # and the sandbox containers.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     try:
         return await controller.run()
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        terminate_as_interrupt()
         await client.close()
+
+
+def terminate_as_interrupt() -> None:
+    """Outside the event loop (e.g. while the server starts), SIGTERM raises KeyboardInterrupt,
+    so the same cleanup runs as for Ctrl-C."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
