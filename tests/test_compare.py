@@ -236,7 +236,7 @@ def test_ctrl_c_stops_the_comparison_and_it_resumes_where_it_stopped(scripted, t
     """Ctrl-C reaches the process group (compare and its arm): the arm stops cleanly, compare exits 130."""
     runner = compare_cli(tmp_path)
     args = compare_args(scripted, "--seeds", 1, "--budget", 8, "--skip-heldout")
-    env = {**os.environ, "SCRIPTED_DELAY": "1.0"}
+    env = {**os.environ, "SCRIPTED_DELAY": "3.0"}  # the window for Ctrl-C, wide enough on a loaded machine
     proc = subprocess.Popen([sys.executable, str(runner), *args], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     alpha = scripted.out / "arms" / "alpha-s0"
