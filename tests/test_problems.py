@@ -307,3 +307,12 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
         assert db.evaluations_done() <= 1 + policy.sampling.group_size  # the seed and one group
     finally:
         db.close()
+    # The run stores the expanded problem, so its views need neither the template nor the task.
+    from evolve.snapshot import RunReader
+    reader = RunReader(tmp_path, spec)
+    try:
+        snap = reader.snapshot()
+    finally:
+        reader.close()
+    assert snap.problem == "humaneval-0" and snap.headline == "objective" and snap.best.objective == 1.0
+    assert len(snap.components) == 7 and snap.state == "stopped: target reached"
