@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError
 
 from .config import load_policy, load_problem
 from .database import EVALUATED
@@ -176,7 +176,7 @@ def arm_state(arm: Arm) -> ArmState:
                 Program.status.in_(EVALUATED), Program.duplicate_of.is_(None))).scalar() or 0
             reason = conn.execute(select(RunSession.stop_reason).where(RunSession.run_id == run_id)
                                   .order_by(RunSession.id.desc()).limit(1)).scalar()
-    except OperationalError:  # the arm's first migration has not created the tables yet
+    except DatabaseError:  # the arm is creating its database: no tables yet, or a header half-written
         return ArmState(0, None, spec.get("budget", {}))
     finally:
         engine.dispose()

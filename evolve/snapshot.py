@@ -18,7 +18,7 @@ from urllib.parse import quote
 import yaml
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import DatabaseError
 
 from pydantic import ValidationError
 
@@ -226,7 +226,7 @@ class RunReader:
             return False
         try:
             self._open_run()
-        except (OperationalError, ProgrammingError):  # being created right now
+        except DatabaseError:  # being created right now (no tables yet, or a header half-written)
             return False
         return self.run_id is not None
 

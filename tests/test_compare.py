@@ -90,7 +90,7 @@ def calls_made(db: Path) -> bool:
     """Polling a run that is starting: its database may exist before its tables do."""
     try:
         return db.exists() and query(db, "SELECT count(*) FROM llm_calls")[0][0] > 0
-    except sqlite3.OperationalError:
+    except sqlite3.DatabaseError:  # no tables yet, or a header half-written ("not a database")
         return False
 
 

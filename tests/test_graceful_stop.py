@@ -24,7 +24,7 @@ def rows(db: Path, sql: str) -> list:
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
             return conn.execute(sql).fetchall()
-    except sqlite3.OperationalError:  # created, not migrated yet
+    except sqlite3.DatabaseError:  # created, not migrated yet (or its header half-written)
         return []
 
 
