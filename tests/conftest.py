@@ -1,9 +1,15 @@
 """Fixtures shared by the test modules."""
 import os
+import signal
 
 import pytest
 
 from evolve.docker_sandbox import docker_unavailable_reason
+
+# A test job started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
+# ignored, and so would every process the tests start (exec keeps SIG_IGN): the Ctrl-C tests
+# would then test nothing. A handler here is reset to the default in each child.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")
