@@ -24,7 +24,7 @@ class Evaluation:
     status: str  # "ok" | "invalid" | "error" | "timeout"
     components: dict[str, float]  # normalised (1.0 = the reference); 0.0 for every failed component
     raw: dict[str, float]  # raw scorer values of the valid components
-    objective: float  # weighted sum of components with problem.weight_vector()
+    objective: float  # weighted mean of the components (problem.objective)
     headline: float | None  # raw value of problem.headline if valid
     descriptors: dict[str, float]
     error: str | None  # reasons for failed components / sandbox detail / log tail (bounded)
