@@ -18,11 +18,25 @@ RUN_FILE = "run.json"
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from .database import SchemaError
+    from .faults import FAULT_EXIT, SandboxFault, fault_of
     try:
         return args.func(args) or 0
     except (ConfigError, RunDirError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a part that failed before or after a run: one line, not a traceback
+        fault = f"sandbox unavailable: {exc}" if _sandbox_down(exc) or isinstance(exc, SandboxFault) \
+            else fault_of(exc)
+        if fault is None:
+            raise
+        print(f"error: {fault}", file=sys.stderr)
+        return FAULT_EXIT
+
+
+def _sandbox_down(exc: Exception) -> bool:
+    """DockerUnavailable, without importing the Docker SDK for commands that never use it."""
+    module = sys.modules.get("evolve.docker_sandbox")
+    return module is not None and isinstance(exc, module.DockerUnavailable)
 
 
 class RunDirError(Exception):
@@ -226,7 +240,11 @@ def _launch(run_dir: Path, args) -> int:
     except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts
         reason = "interrupted"
     print(f"stopped: {reason}. Inspect with `evolve status {run_dir}`; continue with `evolve resume {run_dir}`")
-    return 130 if reason == "interrupted" else 0
+    from .controller import FINISHED
+    from .faults import FAULT_EXIT
+    if reason == "interrupted":
+        return 130
+    return 0 if reason in FINISHED else FAULT_EXIT
 
 
 def cmd_train(args) -> int:

@@ -162,6 +162,9 @@ class Server(Strict):
     max_model_len: int = Field(default=16384, ge=512)
     dtype: str = "bfloat16"
     startup_timeout_s: float = Field(default=600, gt=0)
+    # A request not answered in this long counts as a hung server: retried, and the embedded
+    # server is restarted. One group of 8 answers takes ~1-3 min on two CPU cores.
+    request_timeout_s: float = Field(default=900, gt=0)
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -1,9 +1,11 @@
 """The asynchronous search loop: ask -> mutate -> evaluate -> tell.
 
 It only orchestrates. Children are stored as `pending` the moment their answer is parsed,
-so an interrupt loses no generated code: a resume evaluates what is pending first. The
-budget counts evaluated candidates (DESIGN §8), claimed before each evaluation starts, so
-a run never evaluates more than it was given.
+in the same transaction as the LLM call that made them, so an interrupt or a kill -9 loses no
+generated code and never keeps half a group: a resume evaluates what is pending first. An
+evaluation is stored in one transaction with its cell, so one in flight at a kill is redone.
+The budget counts evaluated candidates (DESIGN §8), claimed before each evaluation starts, so
+a run never evaluates more than it was given. Parts that fail are handled by evolve.faults.
 """
 from __future__ import annotations
 
@@ -18,8 +20,15 @@ from .config import Budget, ConfigError, Policy, Problem
 from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, Sink, print_sink
+from .faults import Fault, Outage, SandboxFault, fault_of
 from .policy import PolicyClient, build_messages, dump_messages
 from .schema import Completion, Evaluation, LLMCall, Program, Session
+
+
+# Stop reasons of a run that ended as asked; any other reason is a fault (stopped, resumable).
+FINISHED = ("budget reached", "llm call budget reached", "wall time reached", "target reached",
+            "interrupted")
+SANDBOX_OUTAGE_S = 1800  # an engine that stays away longer stops the run (resumable)
 
 
 class SeedError(ConfigError):
@@ -62,9 +71,14 @@ class Controller:
         self.train_lock = asyncio.Lock()
         self.calls_in_flight = 0
         self.stop_reason: str | None = None
+        self.failure: BaseException | None = None  # what stopped the run from inside a task
+        self.stopping = False
+        self.loops: list[asyncio.Task] = []
+        self.sandbox_outage = Outage("sandbox", report)
 
     # ---- top level -----------------------------------------------------------------------
     async def run(self) -> str:
+        self.main = asyncio.current_task()
         session = Session(run_id=self.db.run_id)
         self.db.add(session)
         self.base_evals = self.db.evaluations_done()
@@ -77,18 +91,46 @@ class Controller:
             await self._resume_pending()
             if self.hook is not None:
                 await self.hook.resume(self.client)
-            await asyncio.gather(*(self._generate_loop() for _ in range(self.budget.llm_concurrency)))
+            self.loops = [asyncio.create_task(self._generate_loop())
+                          for _ in range(self.budget.llm_concurrency)]
+            await asyncio.gather(*self.loops)
             await self._drain()
             self.stop_reason = self.stop_reason or "budget reached"
-        except asyncio.CancelledError:
-            self.stop_reason = "interrupted"
+        except (asyncio.CancelledError, Exception) as exc:
+            failure = self.failure or (exc if isinstance(exc, Exception) else None)
+            self.stopping = True
+            self.stop_reason = "interrupted" if failure is None else fault_of(failure)
             if self.hook is not None:  # a training step in its thread stops at its next check
                 self.hook.stop.set()
             await self._cancel_in_flight()
+            if failure is not None and self.stop_reason is None:
+                raise failure  # a bug, not a fault: the traceback is the message
         finally:
-            session.ended_at, session.stop_reason = time.time(), self.stop_reason or "error"
-            self.db.session.commit()
+            self._end_session(session)
+        if self.stop_reason not in FINISHED:
+            self.emit("fault", f"stopped: {self.stop_reason}", reason=self.stop_reason)
         return self.stop_reason
+
+    def _end_session(self, session: Session) -> None:
+        """Record how the session ended, if the database still takes writes (disk full: it may not)."""
+        try:
+            self.db.session.rollback()  # whatever a failure left half-done is not kept
+            session.ended_at, session.stop_reason = time.time(), self.stop_reason or "error"
+            self.db.session.merge(session)
+            self.db.session.commit()
+        except Exception as exc:  # noqa: BLE001 - the run is stopping for this very reason
+            if fault_of(exc) is None:
+                raise
+            self.db.session.rollback()
+
+    def _watch(self, task: asyncio.Task) -> None:
+        """An in-flight task that fails stops the run (a fault), instead of dying unseen."""
+        self.in_flight.discard(task)
+        if self.stopping or task.cancelled():
+            return
+        if task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
+            self.main.cancel()
 
     def _past_wall_time(self) -> float:
         rows = self.db.session.scalars(select(Session).where(Session.run_id == self.db.run_id,
@@ -117,13 +159,14 @@ class Controller:
         code = self.problem.seed_code()
         seed = Program(code=code, island=0, origin="seed", generation=0, status="pending")
         started = time.time()
-        result = await self.evaluator.evaluate(code)
+        result = await self._run_evaluator(code)
         if result.status != "ok":
             raise SeedError(seed_failure(self.problem, result))
         _fill(seed, result)
-        first = self.db.add_seed(seed)[0]
-        self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,
-                               status=result.status, started_at=started, elapsed_s=result.elapsed_s))
+        with self.db.batch():  # the seed's copies and its evaluation, all or nothing
+            first = self.db.add_seed(seed)[0]
+            self.db.add(Evaluation(program_id=first.id, backend=self.evaluator.sandbox.backend,
+                                   status=result.status, started_at=started, elapsed_s=result.elapsed_s))
         self.emit("seed", f"seed: {self._scores(result)}", program=first.id, headline=result.headline,
                   objective=result.objective)
 
@@ -180,6 +223,8 @@ class Controller:
             call.error, call.latency_s = "cancelled", time.time() - call.started_at
             self.db.add_call(call)
             raise
+        except Fault:  # the policy server cannot be brought back: the run stops
+            raise
         except Exception as exc:  # the server answered badly: record it, the search goes on
             call.error = f"{type(exc).__name__}: {exc}"[:2000]
             self.db.add_call(call)
@@ -188,13 +233,14 @@ class Controller:
             return
         call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
         call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
-        self.db.add_call(call)
+        with self.db.batch():  # the call, its completions and its children: all or nothing
+            self.db.add_call(call)
+            children = self._children(ask, call, sample, m)
         self.stats.tokens += sample.completion_tokens or 0
         self.stats.llm_s += sample.latency_s
-        children = self._children(ask, call, sample, m)
         task = asyncio.create_task(self._finish_group(island, children))
         self.in_flight.add(task)
-        task.add_done_callback(self.in_flight.discard)
+        task.add_done_callback(self._watch)
 
     def _children(self, ask, call: LLMCall, sample, m: int) -> list[Program]:
         """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
@@ -258,7 +304,7 @@ class Controller:
                 return  # over budget: the child stays pending for a resume with a larger budget
             self.claimed += 1
             started = time.time()
-            result = await self.evaluator.evaluate(child.code)
+            result = await self._run_evaluator(child.code)
         with self.db.session.no_autoflush:  # the child must not be flushed into its own "before"
             best_before = self.db.best()
         _fill(child, result)
@@ -273,14 +319,31 @@ class Controller:
                       island=child.island, headline=result.headline, objective=result.objective,
                       delta=delta)
 
+    async def _run_evaluator(self, code: str):
+        """Evaluate, waiting out a sandbox outage: a candidate is never scored for our failure."""
+        while True:
+            try:
+                result = await self.evaluator.evaluate(code)
+            except SandboxFault as exc:
+                if exc.permanent:
+                    raise Fault(f"sandbox: {exc}") from None
+                if self.sandbox_outage.down_s > SANDBOX_OUTAGE_S:
+                    raise Fault(f"sandbox unavailable for {self.sandbox_outage.down_s:.0f} s: {exc}") from None
+                await asyncio.sleep(self.sandbox_outage.failed(str(exc)))
+                continue
+            self.sandbox_outage.recovered()
+            return result
+
     async def _drain(self) -> None:
         while self.in_flight:
             await asyncio.gather(*list(self.in_flight))
 
     async def _cancel_in_flight(self) -> None:
-        for task in list(self.in_flight):
+        """Abandon evaluations (their children stay pending) and calls (redone on resume)."""
+        tasks = [*self.in_flight, *self.loops]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*list(self.in_flight), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- reporting -----------------------------------------------------------------------
     def _progress(self) -> None:

@@ -36,6 +36,8 @@ REFRESH_S = 1.0  # one frame a second: the clock ticks, and the CPU cost stays ~
 EVENT_LINES = 200  # events kept for the recent-events panel
 HIDDEN = {"progress"}  # every panel already shows what a progress line says
 KIND_STYLE = {"best": "bold green", "migration": "cyan", "llm_error": "bold red", "error": "bold red",
+              "llm_down": "bold red", "llm_retry": "red", "llm_restart": "bold yellow", "llm_up": "green",
+              "sandbox_down": "bold red", "sandbox_retry": "red", "sandbox_up": "green", "fault": "bold red",
               "training": "magenta", "adapter": "bold magenta", "stop": "yellow", "seed": "green",
               "output": "dim", "log": "dim"}
 SPARK = "▁▂▃▄▅▆▇█"
@@ -87,7 +89,24 @@ class View:
 
 
 # ---- panels ------------------------------------------------------------------------------------
-def header(s: Snapshot, hint: str = "", fixed: bool = False) -> Panel:
+def outages(events) -> list[str]:
+    """A line per part that is down now, from its latest outage event (evolve.faults)."""
+    latest: dict[str, Event] = {}
+    for e in events:
+        part, _, what = e.kind.rpartition("_")
+        if part in ("llm", "sandbox") and what in ("down", "retry", "up", "restart"):
+            latest[part] = e
+    lines = []
+    for part, e in latest.items():
+        if not e.kind.endswith("_up"):
+            label = "policy server" if part == "llm" else "sandbox"
+            since = e.fields.get("attempt", 0)
+            lines.append(f"⚠ {label} DOWN at {time.strftime('%H:%M:%S', time.localtime(e.time))}: "
+                         f"{e.message} (attempt {since}; the run waits, nothing is lost)")
+    return lines
+
+
+def header(s: Snapshot, hint: str = "", fixed: bool = False, alerts: list[str] = ()) -> Panel:
     """Run, policy, state and the budget bar; `fixed`: one line each (the live header's height is fixed)."""
     version = f"v{s.rl.version}" + (" (base model)" if s.rl.version == 0 else "")
     state_style = "green" if s.state == "running" else "yellow"
@@ -103,7 +122,8 @@ def header(s: Snapshot, hint: str = "", fixed: bool = False) -> Panel:
                      style="bold"),
                 Text(f"elapsed {duration(s.elapsed_s)}  ·  ETA {duration(s.eta_s)}  ·  "
                      f"LLM calls {s.llm_calls}" + (f"/{s.max_llm_calls}" if s.max_llm_calls else "")))
-    parts = [top, bar] + ([Text(hint, style="dim")] if hint else [])
+    parts = [top, bar] + [Text(a, style="bold red", no_wrap=fixed, overflow="ellipsis") for a in alerts] \
+        + ([Text(hint, style="dim")] if hint else [])
     return Panel(Group(*parts), title="evolve", title_align="left", border_style="blue")
 
 
@@ -343,8 +363,9 @@ def with_best_events(events, s: Snapshot) -> list[Event]:
 
 def stacked(s: Snapshot, events, view: View | None = None) -> Group:
     """Every panel, one under the other: for `--once`, `status` and tests (nothing is cropped)."""
+    alerts = outages(events) if s.state == "running" else []
     events = with_best_events(events, s)
-    return Group(header(s), islands_panel(s), heatmap_panel(s, view), best_panel(s), throughput_panel(s),
+    return Group(header(s, alerts=alerts), islands_panel(s), heatmap_panel(s, view), best_panel(s), throughput_panel(s),
                  rl_panel(s), events_panel(events))
 
 
@@ -362,9 +383,10 @@ def screen(s: Snapshot, events, view: View | None = None, hint: str = "") -> Lay
                        Layout(rl_panel(s)))
     body = Layout(name="body", size=body_rows)
     body.split_row(left, right)
+    alerts = outages(events) if s.state == "running" else []
     events = with_best_events(events, s)
     root = Layout()
-    root.split_column(Layout(header(s, hint, fixed=True), size=5 if hint else 4), body,
+    root.split_column(Layout(header(s, hint, fixed=True, alerts=alerts), size=4 + bool(hint) + len(alerts)), body,
                       Layout(FittedEvents(events), minimum_size=5))
     return root
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from .schema import Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, R
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "db"
 EVALUATED = ("ok", "invalid", "error", "timeout")
+# How long a write waits for another process's lock (a reader's checkpoint, a sqlite3 shell
+# holding a transaction) before the run stops with "database is locked" (resumable).
+BUSY_TIMEOUT_S = 30.0
 
 
 def sqlite_url(path: Path) -> str:
@@ -36,7 +40,8 @@ def sqlite_url(path: Path) -> str:
 
 def connect(url: str) -> Engine:
     """An engine for any SQLAlchemy URL; SQLite gets WAL so a dashboard can read while we write."""
-    engine = create_engine(url)
+    sqlite = url.startswith("sqlite")
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
     if engine.dialect.name == "sqlite":
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):
@@ -156,6 +161,7 @@ class ProgramDatabase:
         self.axes = axes
         self.search = search
         self.islands = [IslandIndex() for _ in range(search.islands)]
+        self._batch = 0  # > 0: inside batch(), commits wait for its end
         self._load()
 
     # ---- opening -------------------------------------------------------------------
@@ -192,6 +198,24 @@ class ProgramDatabase:
         for isl in self.session.scalars(select(Island).where(Island.run_id == self.run_id)):
             self.islands[isl.island].generation = isl.generation
             self.islands[isl.island].last_migration = isl.last_migration
+
+    @contextmanager
+    def batch(self):
+        """One transaction for several stores: a kill leaves all of them or none."""
+        self._batch += 1
+        try:
+            yield
+        except BaseException:
+            self._batch -= 1
+            if not self._batch:
+                self.session.rollback()
+            raise
+        self._batch -= 1
+        self._commit()
+
+    def _commit(self) -> None:
+        if not self._batch:
+            self.session.commit()
 
     def close(self) -> None:
         self.session.close()
@@ -282,7 +306,7 @@ class ProgramDatabase:
             evaluation.program_id = program.id
             self.session.add(evaluation)
         placed = self._place(program)
-        self.session.commit()
+        self._commit()
         return placed
 
     def _place(self, program: Program) -> bool:
@@ -308,12 +332,14 @@ class ProgramDatabase:
     def add_call(self, call: LLMCall) -> LLMCall:
         call.run_id = self.run_id
         self.session.add(call)
-        self.session.commit()
+        self.session.flush()  # its id, for the completions
+        self._commit()
         return call
 
     def add(self, *rows) -> None:
         self.session.add_all(rows)
-        self.session.commit()
+        self.session.flush()
+        self._commit()
 
     # ---- generations and migration -------------------------------------------------------
     def advance(self, island: int) -> Program | None:
@@ -322,16 +348,16 @@ class ProgramDatabase:
         idx = self.islands[island]
         idx.generation += 1
         migrant = None
-        if len(self.islands) > 1 and idx.generation - idx.last_migration >= self.search.migration_every:
-            idx.last_migration = idx.generation
-            best = idx.best()
-            if best is not None:
-                target = (island + 1) % len(self.islands)
-                migrant = _clone(self.get(best[1]), island=target, origin="migration", parent_id=best[1])
-                self.tell(migrant)
-        row = self.session.get(Island, (self.run_id, island))
-        row.generation, row.last_migration = idx.generation, idx.last_migration
-        self.session.commit()
+        with self.batch():  # the migrant and the island's counters together
+            if len(self.islands) > 1 and idx.generation - idx.last_migration >= self.search.migration_every:
+                idx.last_migration = idx.generation
+                best = idx.best()
+                if best is not None:
+                    target = (island + 1) % len(self.islands)
+                    migrant = _clone(self.get(best[1]), island=target, origin="migration", parent_id=best[1])
+                    self.tell(migrant)
+            row = self.session.get(Island, (self.run_id, island))
+            row.generation, row.last_migration = idx.generation, idx.last_migration
         return migrant
 
 

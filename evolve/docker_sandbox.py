@@ -73,8 +73,15 @@ STDOUT = 1  # stream id in Docker's multiplexed attach stream (2 is stderr)
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
 
+CONTAINER_RETRIES = 2  # a container that dies mid-run (not by our hand) is tried again this often
+
+
 class DockerUnavailable(Exception):
     """The Docker engine cannot be used (not reachable, image missing, no container)."""
+
+    def __init__(self, reason: str, permanent: bool = False):
+        super().__init__(reason)
+        self.permanent = permanent  # the image is missing: waiting for the engine will not help
 
 
 def connect(base_url: str | None = None, timeout: float = API_TIMEOUT_S) -> docker.DockerClient:
@@ -120,7 +127,7 @@ class DockerSandbox:
         except ENGINE_ERRORS as exc:
             raise DockerUnavailable(f"no Docker engine reachable ({_short(exc)})") from None
         if reason := _image_missing(self._client, self.image):
-            raise DockerUnavailable(reason)
+            raise DockerUnavailable(reason, permanent="not built" in reason)
         try:
             remove_leftovers(self._client)
         except ENGINE_ERRORS:
@@ -142,12 +149,17 @@ class DockerSandbox:
         request = json.dumps({"program": "candidate.py", "entry_point": entry_point,
                               "cases": cases, "code": code, "env": self._environment,
                               "log_limit": FILE_SIZE_LIMIT, "log_tail": LOG_TAIL_BYTES})
-        try:
-            box = await self._pool.acquire()
-        except DockerUnavailable as exc:
-            return build_result(Collected(started=False, extra=[str(exc)]), cases, "",
-                                self.limits, start)
-        talk = await self._converse(box, request.encode() + b"\n")
+        for attempt in range(CONTAINER_RETRIES + 1):
+            try:
+                box = await self._pool.acquire()
+            except DockerUnavailable as exc:
+                failed = Collected(started=False, extra=[str(exc)], fault=str(exc), fault_permanent=exc.permanent)
+                return build_result(failed, cases, "", self.limits, start)
+            talk = await self._converse(box, request.encode() + b"\n")
+            # A container killed under the candidate (a dockerd restart, `docker kill`) tells
+            # nothing about it: try again in a fresh one. Only dying every time is its doing.
+            if not talk.died or attempt == CONTAINER_RETRIES:
+                break
         return build_result(talk.collected, cases, talk.log_tail, self.limits, start)
 
     async def _converse(self, box: _Box, request: bytes) -> _Talk:
@@ -163,7 +175,12 @@ class DockerSandbox:
             self._pool.release(box)
             return talk
         if talk.lost:
-            talk.collected.extra.append(await asyncio.to_thread(self._why_lost, box, talk.lost))
+            why, engine_gone = await asyncio.to_thread(self._why_lost, box, talk.lost)
+            talk.collected.extra.append(why)
+            if engine_gone:
+                talk.collected.fault = why
+            else:  # unless the harness had finished, or the candidate ran the container out of memory
+                talk.died = not talk.done and "OOM killed True" not in why
         # Killed now, so a runaway candidate stops using CPU before the next evaluation.
         await asyncio.to_thread(self._pool.kill, box)
         return talk
@@ -194,21 +211,21 @@ class DockerSandbox:
             talk.collected.timed_out = not done
         except (OSError, EOFError, ValueError) as exc:  # ValueError: a garbled report
             talk.lost = _short(exc)
-        talk.collected.stdout = bytes(results)
+        talk.collected.stdout, talk.done = bytes(results), done
         return talk
 
-    def _why_lost(self, box: _Box, error: str) -> str:
-        """The stream broke: tell a dead container from an engine that went away."""
+    def _why_lost(self, box: _Box, error: str) -> tuple[str, bool]:
+        """The stream broke: tell a dead container from an engine that went away (True)."""
         try:
             state = self._client.api.inspect_container(box.id)["State"]
         except docker.errors.NotFound:
-            return "the sandbox container vanished mid-run"
+            return "the sandbox container vanished mid-run", False
         except ENGINE_ERRORS:
-            return f"lost the Docker engine mid-run ({error})"
+            return f"lost the Docker engine mid-run ({error})", True
         launcher = box.errors.decode(errors="replace").strip()[-500:]
         return (f"the sandbox container stopped mid-run (status {state.get('Status')}, "
                 f"exit code {state.get('ExitCode')}, OOM killed {state.get('OOMKilled')})"
-                + (f": {launcher}" if launcher else ""))
+                + (f": {launcher}" if launcher else "")), False
 
     def _container_config(self) -> dict:
         """Arguments of the low-level create_container (the high-level API hides StdinOnce)."""
@@ -241,6 +258,8 @@ class _Talk:
     log_tail: str = ""
     reusable: bool = False  # the launcher reported and found the container clean
     lost: str = ""  # why the stream broke, if it did
+    done: bool = False  # the harness sent its last line
+    died: bool = False  # the container died under a candidate that had not finished
 
     def finish(self, report: dict) -> None:
         self.collected.returncode = report.get("exit")
@@ -358,7 +377,7 @@ class _Pool:
                     return box
                 with self._lock:
                     if self._failed_at > began:  # a start tried since we began has failed
-                        raise DockerUnavailable(self._failure)
+                        raise DockerUnavailable(self._failure, permanent="image is missing" in self._failure)
                 if time.monotonic() - began > ACQUIRE_TIMEOUT_S:
                     raise DockerUnavailable(
                         f"no sandbox container ready after {ACQUIRE_TIMEOUT_S} s")
@@ -517,6 +536,8 @@ def _engine_gone(exc: BaseException) -> str:
 def _start_failure(exc: BaseException) -> str:
     if isinstance(exc, (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError)):
         return _engine_gone(exc)
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return f"the sandbox image is missing ({_short(exc)}); run `evolve sandbox build`"
     return f"could not start a sandbox container: {_short(exc)}"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from evolve.config import Problem
+from evolve.faults import SandboxFault
 from evolve.sandbox import SandboxResult, make_sandbox
 
 MAX_ERROR_CHARS = 4096
@@ -50,6 +51,8 @@ class Evaluator:
         start = time.monotonic()
         problem = self.problem
         result = await self.sandbox.run(code, problem.entry_point, problem.cases())
+        if result.fault:  # our machinery failed, not the candidate: it is evaluated again later
+            raise SandboxFault(result.fault, result.fault_permanent)
         raw, reasons = self._score_outputs(result)
         status = _status(result, raw)
         components = {c.name: c.normalise(raw[c.name]) if c.name in raw else 0.0

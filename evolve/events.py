@@ -11,9 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# kinds: run, sandbox, seed, resume, progress, best, migration, llm_error, training, adapter, stop
+# kinds: run, sandbox, seed, resume, progress, best, migration, llm_error, training, adapter, stop,
+# outages (evolve.faults): llm_down/_retry/_up, llm_restart, sandbox_down/_retry/_up; fault
 KINDS = ("run", "sandbox", "seed", "resume", "progress", "best", "migration", "llm_error",
-         "training", "adapter", "stop")
+         "training", "adapter", "stop", "llm_down", "llm_retry", "llm_up", "llm_restart",
+         "sandbox_down", "sandbox_retry", "sandbox_up", "fault")
 
 
 @dataclass
@@ -64,17 +66,31 @@ class EventLog:
         self.sink = sink
         self.human = open(f"{run_dir}/evolve.log", "a")
         self.machine = open(f"{run_dir}/events.jsonl", "a")
+        self.failed = False
 
     def __call__(self, event: Event) -> None:
-        self.human.write(event.line() + "\n")
-        self.human.flush()
-        self.machine.write(event.to_json() + "\n")
-        self.machine.flush()
+        if not self.failed:
+            try:
+                for f, text in ((self.human, event.line()), (self.machine, event.to_json())):
+                    f.write(text + "\n")
+                    f.flush()
+            except OSError:
+                # e.g. the disk is full: raised once, so the run stops (evolve.faults); the
+                # events of the stop itself still reach the screen.
+                self.failed = True
+                self._close()
+                raise
         self.sink(event)
 
     def __enter__(self) -> "EventLog":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.human.close()
-        self.machine.close()
+        self._close()
+
+    def _close(self) -> None:
+        for f in (self.human, self.machine):
+            try:
+                f.close()
+            except OSError:  # its last buffered line could not be written: the disk is full
+                pass

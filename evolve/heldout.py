@@ -213,7 +213,7 @@ def measure_arm(out: Path, problem: Problem, policy: Policy, arm: dict, parents:
     server_dir = out.with_suffix("")  # the server's log goes next to the pools
     server_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        base_url, model = start_policy_server(policy, server_dir, arm["seed"], stack)
+        base_url, model, _ = start_policy_server(policy, server_dir, arm["seed"], stack)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
         asyncio.run(_measure(out, record, problem, policy, parents, todo, base_url, model, evaluator,
@@ -237,10 +237,11 @@ def _load(out: Path, arm: dict, settings: Settings) -> dict:
 
 async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say):
     from .hook import load_adapter
+    from .faults import PolicyLink
     from .policy import PolicyClient
 
     version = record["policy_version"]
-    client = PolicyClient(policy, base_url, model)
+    client = PolicyLink(PolicyClient(policy, base_url, model), lambda event: say("  " + event.message))
     try:
         if version > 0:  # a trained arm: its latest adapter, loaded as the run's hook loads it
             server_url = base_url.removesuffix("/").removesuffix("/v1")

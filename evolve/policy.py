@@ -136,8 +136,10 @@ class PolicyClient:
         self.model = model  # the served name requests go to: the base model or an adapter
         self.is_vllm = policy.server.embedded or policy.train is not None
         key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
-        self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=2,
-                                  timeout=1800)
+        # No silent retries in the SDK: evolve.faults.PolicyLink retries, says so, and restarts
+        # the embedded server when it is gone.
+        self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0,
+                                  timeout=policy.server.request_timeout_s)
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None) -> Sample:
         s = self.policy.sampling

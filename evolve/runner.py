@@ -12,6 +12,7 @@ from .controller import Controller
 from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, EventLog, print_sink
+from .faults import PolicyLink
 from .policy import PolicyClient
 
 
@@ -22,10 +23,11 @@ def open_database(spec: dict, problem: Problem, policy: Policy, run_dir: Path) -
         seed=spec["seed"], axes=problem.descriptors, search=problem.search, problem_name=problem.name)
 
 
-def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitStack) -> tuple[str, str]:
-    """(base_url, served model name): the embedded vLLM, started here, or the YAML's endpoint."""
+def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitStack):
+    """(base_url, served model name, server): the embedded vLLM started here (restartable), or
+    the YAML's endpoint (server None: an outage is waited out)."""
     if not policy.server.embedded:
-        return policy.server.base_url, policy.model
+        return policy.server.base_url, policy.model, None
     from .models import policy_model_path
     from .server import VLLMServer
 
@@ -33,13 +35,12 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
     server = VLLMServer(policy_model_path(policy), served_name=policy.model, server=policy.server,
                         log_path=run_dir / "vllm.log", seed=seed, lora_rank=rank)
     stack.enter_context(server)
-    return server.base_url, policy.model
+    return server.base_url, policy.model, server
 
 
-def run_search(run_dir: Path, spec: dict, dashboard: bool = False,
-               server: tuple[str, str] | None = None) -> str:
-    """One run to its budget (or an interrupt); `server` = (base_url, model) of a running policy
-    server to share (`evolve suite`), instead of starting the policy's own."""
+def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple | None = None) -> str:
+    """One run to its budget (or an interrupt, or a fault); `server` = start_policy_server's
+    answer for a running policy server to share (`evolve suite`), instead of starting one."""
     problem = run_problem(spec)
     policy = load_policy(spec["policy"])
     budget = problem.budget.model_copy(update=spec.get("budget", {}))
@@ -56,13 +57,13 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False,
                      "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
                                      "policy": policy.name, "seed": spec["seed"],
                                      "budget": budget.max_evaluations}))
-        base_url, model = server or start_policy_server(policy, run_dir, spec["seed"], stack)
-        client = PolicyClient(policy, base_url, model)
+        base_url, model, vllm = server or start_policy_server(policy, run_dir, spec["seed"], stack)
+        client = PolicyLink(PolicyClient(policy, base_url, model), report, vllm)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
         report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}",
                      {"backend": evaluator.sandbox.backend}))
-        hook = make_hook(policy, problem, db, run_dir, base_url, report)
+        hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report)
         controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report, hook)
         return asyncio.run(_run(controller, client))
 

@@ -60,6 +60,10 @@ class SandboxResult:
     elapsed_s: float
     detail: str = ""  # why status is error / timeout
     program_s: float | None = None  # the harness process alone, where the backend measures it
+    # The sandbox itself failed (engine gone, no container): nothing is known about the
+    # candidate, so the evaluator must not score it (evolve.faults.SandboxFault).
+    fault: str = ""
+    fault_permanent: bool = False  # waiting will not help (e.g. the image is missing)
 
 
 @dataclass
@@ -72,6 +76,8 @@ class Collected:
     program_s: float | None = None
     started: bool = True  # False: the sandbox could not start the harness (see extra)
     extra: list[str] = field(default_factory=list)  # sandbox-side problems worth reporting
+    fault: str = ""  # see SandboxResult.fault
+    fault_permanent: bool = False
 
 
 def make_sandbox(limits: SandboxLimits):
@@ -258,7 +264,7 @@ def build_result(collected: Collected, cases: list[dict], log_tail: str,
         if name not in outputs and name not in case_errors:
             case_errors[name] = f"no result ({detail or 'harness reported nothing'})"
     return SandboxResult(status, outputs, case_errors, log_tail, time.monotonic() - start, detail,
-                         collected.program_s)
+                         collected.program_s, collected.fault, collected.fault_permanent)
 
 
 def _parse_lines(stdout: bytes, names: list[str]) -> tuple[dict, dict, bool]:

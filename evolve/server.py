@@ -158,6 +158,20 @@ class VLLMServer:
         raise ServerError(f"vLLM did not become ready within {self.server.startup_timeout_s:g} s; "
                           f"last lines of {self.log_path}:\n{tail}")
 
+    def restart(self) -> None:
+        """Stop what is left of our server (dead, or hung: SIGKILL reaches a stopped process)
+        and start a fresh one; the run's policy server went away mid-run."""
+        if self.reused:
+            raise ServerError(f"the server at {self.root_url} is not ours to restart")
+        self._log_note("restarting")
+        self.stop(grace_s=5.0)  # a hung server will not shut down in order: no long wait for it
+        self._launch()
+        self._wait_ready()
+
+    def running(self) -> bool:
+        """Whether the process we started is still alive (a reused server: assumed so)."""
+        return self.reused or (self.process is not None and self.process.poll() is None)
+
     # -- probes ----------------------------------------------------------------
 
     def served_models(self) -> set[str] | None:
@@ -187,8 +201,8 @@ class VLLMServer:
 
     # -- stop ------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after STOP_GRACE_S.
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `grace_s`.
 
         A reused server belongs to someone else and is left running.
         """
@@ -201,7 +215,7 @@ class VLLMServer:
         # signalling the whole group first kills the engine under it (noisy errors).
         process.terminate()
         try:
-            process.wait(timeout=STOP_GRACE_S)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
         # Whatever is left of the group (a stuck engine core or worker) gets a short grace.

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .config import ConfigError, Strict, load_policy, load_problem, load_yaml
+from .faults import FAULT_EXIT
 from .snapshot import RunReader
 
 DONE = ("budget reached", "llm call budget reached", "target reached")
@@ -52,6 +53,7 @@ class Suite(Strict):
 
 def main(args) -> int:
     from .cli import new_run, update_budget
+    from .controller import FINISHED
     from .runner import run_search, start_policy_server
 
     suite = load_yaml(args.suite, Suite)
@@ -66,7 +68,7 @@ def main(args) -> int:
     console = Console()
     console.print(f"suite {suite.name}: {len(suite.values)} instances, {budget} evaluations each, "
                   f"{len(suite.values) - len(todo)} already finished; results in {out}")
-    interrupted = False
+    interrupted = None  # or why the suite stopped early
     if todo:
         with ExitStack() as stack:
             server = start_policy_server(load_policy(policy_path), out, suite.seed, stack)
@@ -80,15 +82,15 @@ def main(args) -> int:
                     reason = run_search(run_dir, spec, dashboard=False, server=server)
                 except KeyboardInterrupt:
                     reason = "interrupted"
-                if reason == "interrupted":
-                    interrupted = True
+                if reason not in FINISHED:  # interrupted, or a fault: the rest waits for a resume
+                    interrupted = reason
                     break
     rows = [_result(out, v, problems[v], budget) for v in suite.values]
     _write(out, suite, budget, rows)
     console.print(_table(suite, budget, rows))
     if interrupted:
-        console.print(f"interrupted: continue with the same command (--out {out})")
-        return 130
+        console.print(f"stopped: {interrupted}; continue with the same command (--out {out})")
+        return 130 if interrupted == "interrupted" else FAULT_EXIT
     return 0
 
 

@@ -45,7 +45,7 @@ class Client(ScriptedClient):
         return await super().sample(messages, n, seed)
 
 runner.PolicyClient = lambda policy, base_url, model: Client()
-runner.start_policy_server = lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model)
+runner.start_policy_server = lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None)
 from evolve.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -63,7 +63,7 @@ def scripted(tmp_path, monkeypatch):
     import evolve.policy
     import evolve.runner
     monkeypatch.setattr(evolve.runner, "start_policy_server",
-                        lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model))
+                        lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None))
     monkeypatch.setattr(evolve.policy, "PolicyClient", lambda policy, base_url, model: ScriptedClient())
     problem = write_problem(tmp_path, 10)
     policies = []

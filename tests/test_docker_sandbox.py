@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from evolve.config import SandboxLimits, load_problem
 from evolve.docker_sandbox import LABEL, DockerSandbox, DockerUnavailable, connect, owner_id
 from evolve.evaluator import Evaluator
 from evolve.sandbox import ProcessSandbox, make_sandbox
+
+from engine_proxy import EngineProxy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CASE = [{"name": "a", "args": {"n": 3}}]
@@ -475,52 +476,17 @@ async def test_a_pool_container_killed_behind_its_back_is_replaced(make):
     assert result.status == "ok" and result.outputs == {"a": 3}
 
 
-class EngineProxy:
-    """A unix socket that forwards to the real engine and can be cut and restored: the engine
-    goes away for one sandbox without stopping dockerd for everybody else."""
-
-    def __init__(self, path: Path, target: str):
-        self.path, self.target = str(path), target
-        self.connections: list[socket.socket] = []
-        self.listener = None
-
-    def start(self):
-        self.listener = socket.socket(socket.AF_UNIX)
-        self.listener.bind(self.path)
-        self.listener.listen(64)
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def stop(self):
-        self.listener.close()
-        os.unlink(self.path)
-        for conn in self.connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
-        self.connections = []
-
-    def _accept(self, listener):
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.target)
-            self.connections += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)  # half-close: the exec's stdin EOF
-        except OSError:
-            pass
+async def test_a_container_killed_under_a_running_candidate_is_retried_not_blamed(make):
+    """A `docker kill` (or a dockerd restart) mid-evaluation says nothing about the candidate:
+    it runs again in a fresh container, and its true result comes back."""
+    box = make(warm=1)
+    busy = asyncio.create_task(run(box, "import time\ndef f(n):\n    time.sleep(1.0)\n    return n\n"))
+    await asyncio.sleep(0.5)
+    client = connect()
+    for container_id in {b.id for b in box._pool._idle} ^ pool_containers(owner_id()):
+        client.api.kill(container_id)  # the one lent out, not the warm spare
+    result = await busy
+    assert result.status == "ok" and result.outputs == {"a": 3} and not result.fault, result
 
 
 @pytest.fixture
@@ -544,12 +510,14 @@ async def test_engine_going_away_fails_evaluations_clearly_then_recovers(engine_
         engine_proxy.stop()  # mid-run
         cut = await slow
         assert cut.status == "error" and "lost the Docker engine mid-run" in cut.detail, cut
+        assert cut.fault.startswith("lost the Docker engine"), "the candidate must not be scored for it"
         down = await run(box, "def f(n): return n")
         assert down.status == "error" and down.detail.startswith("Docker engine unreachable"), down
+        assert down.fault and not down.fault_permanent
         assert "no result" in down.case_errors["a"]
         engine_proxy.start()
         back = await run(box, "def f(n): return n")
-        assert back.status == "ok" and back.outputs == {"a": 3}, back
+        assert back.status == "ok" and back.outputs == {"a": 3} and not back.fault, back
         made = set(box._pool._owned)
     finally:
         box.close()

@@ -1,0 +1,182 @@
+"""What a run does when a part it depends on fails: the policy server, the sandbox, the disk.
+
+- A failure of our own machinery is never blamed on a candidate nor stored as a rollout: the
+  request or the evaluation is made again once the part is back.
+- The user is told once when a part goes down, at each retry, and once when it is back
+  (events `<part>_down`, `<part>_retry`, `<part>_up`); the dashboard shows an outage while it lasts.
+- What waiting does not fix (a full disk, a database locked for too long, a missing sandbox
+  image, a part that stays down too long) stops the run with one line (`Fault`): every
+  committed row is kept and `evolve resume` goes on from there.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from typing import Callable
+
+import openai
+
+from .events import Event
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_CAP_S = 60.0
+RESTART_AFTER = 2  # failed attempts in a row before an embedded server that still runs is restarted
+MAX_RESTARTS = 3  # restarts in one outage before the run gives up on the policy server
+# Failures worth waiting out: the server is away, overloaded or restarting. Anything else
+# (e.g. 400, a prompt the server rejects) is recorded as a failed call and the search goes on.
+TRANSIENT = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+FAULT_EXIT = 75  # EX_TEMPFAIL: stopped by a fault; `evolve resume` once it is fixed
+PARTS = {"llm": "policy server", "sandbox": "sandbox"}
+
+
+class Fault(Exception):
+    """A part of the run failed in a way waiting does not fix: stop cleanly, resumable."""
+
+
+class SandboxFault(Exception):
+    """The sandbox could not run a candidate (not the candidate's doing): evaluate it later."""
+
+    def __init__(self, reason: str, permanent: bool = False):
+        super().__init__(reason)
+        self.permanent = permanent  # e.g. the image is missing: waiting will not bring it back
+
+
+def fault_of(exc: BaseException) -> str | None:
+    """One line for an environment failure that must stop the run, or None (a bug: re-raise)."""
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, Fault):
+        return str(exc)
+    if isinstance(exc, OperationalError):
+        text = str(exc.orig)
+        if "locked" in text or "busy" in text:
+            return f"the database is locked by another process ({text}); nothing was lost"
+        if "full" in text:
+            return f"disk full: the database could not be written ({text}); free some space"
+        return f"the database failed ({text})"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full: {exc.filename or 'a run file'} could not be written; free some space"
+    return None
+
+
+def backoff(attempt: int) -> float:
+    """1, 2, 4, ... seconds, at most a minute: quick when a blip, quiet when a long outage."""
+    return min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2 ** max(attempt - 1, 0))
+
+
+class Outage:
+    """One part's current outage, told to the user as events."""
+
+    def __init__(self, part: str, report: Callable[[Event], None]):
+        self.part, self.report = part, report
+        self.since: float | None = None
+        self.attempts = 0
+
+    @property
+    def down_s(self) -> float:
+        return 0.0 if self.since is None else time.time() - self.since
+
+    def failed(self, reason: str) -> float:
+        """Count a failed attempt; the delay before the next one."""
+        label = PARTS[self.part]
+        self.attempts += 1
+        delay = backoff(self.attempts)
+        if self.since is None:
+            self.since = time.time()
+            self._emit("down", f"{label} unavailable: {reason}; retrying with backoff, nothing is lost",
+                       reason=reason)
+        else:
+            self._emit("retry", f"{label} still unavailable after {self.down_s:.0f} s "
+                       f"(attempt {self.attempts}): {reason}", reason=reason)
+        return delay
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            self._emit("up", f"{PARTS[self.part]} back after {self.down_s:.0f} s and "
+                       f"{self.attempts} failed attempt(s)", down_s=round(self.down_s, 1))
+            self.since, self.attempts = None, 0
+
+    def _emit(self, what: str, message: str, **fields) -> None:
+        self.report(Event(f"{self.part}_{what}", message,
+                          {"attempt": self.attempts, "retry_in_s": backoff(self.attempts), **fields}))
+
+
+class PolicyLink:
+    """The policy client, made patient: a request is repeated until the server answers it.
+
+    Transient failures (refused, reset, timed out, 5xx) are retried with backoff, with the
+    same messages and seed, so no half-answered group is ever stored. The embedded server
+    (`server`) is restarted when its process died or it keeps failing (a hung server times
+    out); an external one is waited for. After a restart the run's adapter is loaded again.
+    """
+
+    def __init__(self, client, report: Callable[[Event], None], server=None):
+        self.client, self.server, self.report = client, server, report
+        self.hook = None  # the RL hook, set by the runner: it reloads the adapter after a restart
+        self.outage = Outage("llm", report)
+        self.restarts = 0  # in the current outage
+        self.epoch = 0  # counts restarts, so concurrent callers restart once per failure
+        self.lock = asyncio.Lock()
+
+    @property
+    def model(self) -> str:
+        return self.client.model
+
+    @model.setter
+    def model(self, name: str) -> None:
+        self.client.model = name
+
+    async def sample(self, messages, n: int, seed: int | None = None):
+        while True:
+            epoch = self.epoch
+            try:
+                sample = await self.client.sample(messages, n, seed=seed)
+            except TRANSIENT as exc:
+                delay = self.outage.failed(_short(exc))
+                if await self._repair(epoch, exc):
+                    continue  # a fresh server: no reason to wait
+                await asyncio.sleep(delay)
+                continue
+            self.outage.recovered()
+            self.restarts = 0
+            return sample
+
+    async def _repair(self, epoch: int, exc: Exception) -> bool:
+        """Restart the embedded server if it is dead or stuck; True if it was restarted."""
+        if self.server is None:
+            return False
+        async with self.lock:
+            if self.epoch != epoch:  # another caller restarted it meanwhile
+                return True
+            dead = not self.server.running()
+            if not dead and self.outage.attempts < RESTART_AFTER:
+                return False
+            if self.restarts >= MAX_RESTARTS:
+                raise Fault(f"the policy server failed {self.restarts} restarts ({_short(exc)}); "
+                            f"see {self.server.log_path}")
+            self.restarts += 1
+            why = "its process exited" if dead else f"{self.outage.attempts} failed attempts"
+            self.report(Event("llm_restart", f"restarting the policy server ({why})",
+                              {"restart": self.restarts}))
+            started = time.time()
+            try:
+                await asyncio.to_thread(self.server.restart)
+            except Exception as failure:  # noqa: BLE001 - ServerError or a port still held
+                self.report(Event("llm_restart", f"policy server restart failed: {_short(failure)}",
+                                  {"restart": self.restarts}))
+                return False
+            self.epoch += 1
+            self.report(Event("llm_restart", f"policy server restarted in {time.time() - started:.0f} s",
+                              {"restart": self.restarts, "took_s": round(time.time() - started, 1)}))
+            if self.hook is not None:
+                await self.hook.resume(self)
+            return True
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
