@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -230,6 +231,7 @@ def _launch(run_dir: Path, args) -> int:
     stored = read_spec(run_dir)  # a bad policy or a newer database changes nothing, not even run.json
     check_policy(stored["policy"])
     refuse_newer_schema(database_url(run_dir, stored))
+    lock = hold_run_lock(run_dir)  # noqa: F841 - held while this function runs, or until a kill -9
     spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
                                    "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
     from .dashboard import wants_dashboard
@@ -245,6 +247,28 @@ def _launch(run_dir: Path, args) -> int:
     if reason == "interrupted":
         return 130
     return 0 if reason in FINISHED else FAULT_EXIT
+
+
+def hold_run_lock(run_dir: Path):
+    """One process at a time per run directory: two writers would interleave their searches.
+    The kernel drops the lock when the process dies, however it dies."""
+    import fcntl
+
+    lock = open(run_dir / "run.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        owner = lock.read().strip() or "another process"
+        lock.close()
+        raise RunDirError(f"{run_dir} is already being run by {owner}; "
+                          f"watch it with `evolve dashboard {run_dir}`") from None
+    try:  # who holds it, for the message above; on a full disk it stays unsaid
+        os.ftruncate(lock.fileno(), 0)
+        os.pwrite(lock.fileno(), f"pid {os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return lock
 
 
 def cmd_train(args) -> int:

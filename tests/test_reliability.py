@@ -386,3 +386,21 @@ def test_starting_without_a_docker_engine_is_one_line(tmp_path):
     assert refused.returncode == FAULT_EXIT, refused
     assert refused.stderr.startswith("error: sandbox unavailable: no Docker engine reachable"), refused.stderr
     assert refused.stderr.count("\n") == 1 and not run_dir.exists()
+
+
+def test_a_second_process_on_the_same_run_directory_is_refused_in_one_line(tmp_path):
+    command, run_dir, db = setup_run(tmp_path, 20, backend="process")
+    first = start(command, SCRIPTED_DELAY="0.5")
+    try:
+        wait_for(lambda: evaluations(db) >= 1, first, what="the first evaluation")
+        second = finish([sys.executable, "-m", "evolve.cli", "resume", str(run_dir), "--no-dashboard"])
+        assert second.returncode == 2, second
+        assert second.stderr == f"error: {run_dir} is already being run by pid {first.pid}; " \
+                                f"watch it with `evolve dashboard {run_dir}`\n"
+        out, _ = first.communicate(timeout=300)
+        assert first.returncode == 0, out  # undisturbed
+    finally:
+        if first.poll() is None:
+            first.kill()
+    check_consistent(db)
+    assert done(db) == 20
