@@ -90,19 +90,23 @@ class View:
 
 # ---- panels ------------------------------------------------------------------------------------
 def outages(events) -> list[str]:
-    """A line per part that is down now, from its latest outage event (evolve.faults)."""
-    latest: dict[str, Event] = {}
+    """A line per part that is down now (evolve.faults events): since when, and why."""
+    down: dict[str, tuple[Event, Event]] = {}  # part -> (the outage's first event, its latest)
     for e in events:
         part, _, what = e.kind.rpartition("_")
-        if part in ("llm", "sandbox") and what in ("down", "retry", "up", "restart"):
-            latest[part] = e
+        if part not in ("llm", "sandbox") or what not in ("down", "retry", "restart", "up"):
+            continue
+        if what == "up":
+            down.pop(part, None)
+        else:
+            down[part] = (down.get(part, (e, e))[0], e)
     lines = []
-    for part, e in latest.items():
-        if not e.kind.endswith("_up"):
-            label = "policy server" if part == "llm" else "sandbox"
-            since = e.fields.get("attempt", 0)
-            lines.append(f"⚠ {label} DOWN at {time.strftime('%H:%M:%S', time.localtime(e.time))}: "
-                         f"{e.message} (attempt {since}; the run waits, nothing is lost)")
+    for part, (first, last) in down.items():
+        label = "policy server" if part == "llm" else "sandbox"
+        since = time.strftime("%H:%M:%S", time.localtime(first.time))
+        reason = last.fields.get("reason") or last.message
+        attempt = f", attempt {last.fields['attempt']}" if "attempt" in last.fields else ""
+        lines.append(f"⚠ {label} DOWN since {since}{attempt}: {reason} (the run waits; nothing is lost)")
     return lines
 
 
