@@ -223,24 +223,14 @@ def read_spec(run_dir: Path) -> dict:
 
 def _launch(run_dir: Path, args) -> int:
     """Open everything a run needs, run the controller, and always clean up."""
-    from .runner import run_search  # heavy imports only for commands that need them
-
-    from .database import refuse_newer_schema
+    from .database import refuse_newer_schema  # heavy imports only for commands that need them
     from .snapshot import database_url
 
     stored = read_spec(run_dir)  # a bad policy or a newer database changes nothing, not even run.json
     check_policy(stored["policy"])
     refuse_newer_schema(database_url(run_dir, stored))
-    lock = hold_run_lock(run_dir)  # noqa: F841 - held while this function runs, or until a kill -9
-    spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
-                                   "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
-    from .dashboard import wants_dashboard
-    from .runner import terminate_as_interrupt
-    terminate_as_interrupt()
-    try:
-        reason = run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
-    except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts
-        reason = "interrupted"
+    with hold_run_lock(run_dir):
+        reason = _run_locked(run_dir, args)
     print(f"stopped: {reason}. Inspect with `evolve status {run_dir}`; continue with `evolve resume {run_dir}`")
     from .controller import FINISHED
     from .faults import FAULT_EXIT
@@ -249,9 +239,22 @@ def _launch(run_dir: Path, args) -> int:
     return 0 if reason in FINISHED else FAULT_EXIT
 
 
+def _run_locked(run_dir: Path, args) -> str:
+    from .dashboard import wants_dashboard
+    from .runner import run_search, terminate_as_interrupt
+
+    spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
+                                   "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
+    terminate_as_interrupt()
+    try:
+        return run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
+    except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts
+        return "interrupted"
+
+
 def hold_run_lock(run_dir: Path):
     """One process at a time per run directory: two writers would interleave their searches.
-    The kernel drops the lock when the process dies, however it dies."""
+    The kernel drops the lock (the open file, closed by `with`) when the process dies, however."""
     import fcntl
 
     lock = open(run_dir / "run.lock", "a+")
