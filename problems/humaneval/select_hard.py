@@ -146,7 +146,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["task"] for line in args.out.read_text().splitlines()} if args.out.exists() else set()
     with ExitStack() as stack:
-        base_url, model = start_policy_server(policy, args.out.parent, args.seed, stack)
+        base_url, model, _ = start_policy_server(policy, args.out.parent, args.seed, stack)
         client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", timeout=3600)
         asyncio.run(select(args, client, model, policy, tasks, done))
     print(summary(args.out, policy.model, args.samples))
