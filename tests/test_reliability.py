@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -339,6 +340,50 @@ def test_the_docker_engine_going_away_mid_run_is_waited_out_and_blames_no_candid
     blamed = query(db, "SELECT id, error FROM programs WHERE error LIKE '%Docker engine%' "
                        "OR error LIKE '%sandbox container%'")
     assert not blamed, f"candidates were scored for the outage: {blamed}"
+    check_consistent(db)
+    assert all(archive(db).get(pid) == row for pid, row in kept.items())
+    assert done(db) == budget
+
+
+def dockerd_pid() -> int | None:
+    found = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    return int(found[0]) if len(found) == 1 else None
+
+
+def engine_up() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def test_a_real_dockerd_restart_mid_run_is_waited_out(tmp_path, docker_ready):
+    """The real thing, where the engine is ours to restart (CI starts its own dockerd): SIGTERM
+    dockerd mid-run, which kills every container, and start it again as it was started."""
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes") and not os.environ.get("EVOLVE_RESTART_DOCKERD"):
+        pytest.skip("restarts this machine's Docker engine: runs with CI=true or EVOLVE_RESTART_DOCKERD=1")
+    pid = dockerd_pid()
+    if pid is None or os.geteuid() != 0:
+        pytest.skip("no dockerd of ours to restart (not root, or the engine is managed elsewhere)")
+    command_line = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    budget = 24
+    command, run_dir, db = setup_run(tmp_path, budget)
+    proc = start(command, SCRIPTED_DELAY="0.2")
+    try:
+        wait_for(lambda: evaluations(db) >= 4, proc, what="4 evaluations")
+        kept = archive(db)
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=60, what="dockerd to stop")
+        wait_for(lambda: any(e["kind"] == "sandbox_down" for e in events(run_dir)), proc, what="the outage event")
+    finally:
+        if dockerd_pid() is None:
+            with open("/var/log/dockerd.log", "ab") as log:
+                subprocess.Popen(command_line, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        wait_for(engine_up, timeout=60, what="dockerd to start again")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    outage = [e["kind"] for e in events(run_dir) if e["kind"].startswith("sandbox_")]
+    assert outage[0] == "sandbox_down" and outage[-1] == "sandbox_up", outage
+    assert not query(db, "SELECT id FROM programs WHERE error LIKE '%Docker engine%' "
+                         "OR error LIKE '%sandbox container%'"), "candidates were scored for the restart"
     check_consistent(db)
     assert all(archive(db).get(pid) == row for pid, row in kept.items())
     assert done(db) == budget
