@@ -144,7 +144,7 @@ class PolicyLink:
 
     async def _repair(self, epoch: int, exc: Exception) -> bool:
         """Restart the embedded server if it is dead or stuck; True if it was restarted."""
-        if self.server is None:
+        if self.server is None or self.server.reused:  # not ours (external, or another run's): wait
             return False
         async with self.lock:
             if self.epoch != epoch:  # another caller restarted it meanwhile

@@ -161,7 +161,7 @@ class VLLMServer:
     def restart(self) -> None:
         """Stop what is left of our server (dead, or hung: SIGKILL reaches a stopped process)
         and start a fresh one; the run's policy server went away mid-run."""
-        if self.reused:
+        if self.reused:  # callers wait for it instead (evolve.faults.PolicyLink)
             raise ServerError(f"the server at {self.root_url} is not ours to restart")
         self._log_note("restarting")
         self.stop(grace_s=5.0)  # a hung server will not shut down in order: no long wait for it
@@ -169,8 +169,8 @@ class VLLMServer:
         self._wait_ready()
 
     def running(self) -> bool:
-        """Whether the process we started is still alive (a reused server: assumed so)."""
-        return self.reused or (self.process is not None and self.process.poll() is None)
+        """Whether the process we started is still alive."""
+        return self.process is not None and self.process.poll() is None
 
     # -- probes ----------------------------------------------------------------
 

@@ -84,3 +84,30 @@ def test_the_dashboard_shows_an_outage_while_it_lasts():
     assert outages([down, Event("llm_up", "policy server back after 3 s")]) == []
     sandbox = Event("sandbox_retry", "sandbox still unavailable", {"attempt": 4})
     assert "sandbox DOWN" in outages([down, Event("llm_up", "back"), sandbox])[0]
+
+
+class Server:
+    """Stands in for VLLMServer's lifecycle only: whether it runs, and restarts asked of it."""
+
+    def __init__(self, reused=False):
+        self.reused, self.restarts, self.log_path = reused, 0, "vllm.log"
+
+    def running(self):
+        return self.restarts > 0  # dead until restarted
+
+    def restart(self):
+        self.restarts += 1
+
+
+def test_a_dead_embedded_server_is_restarted_once_and_another_runs_server_is_waited_for(monkeypatch):
+    async def no_sleep(seconds):
+        pass
+    monkeypatch.setattr("evolve.faults.asyncio.sleep", no_sleep)
+    seen = []
+    ours = Server()
+    link = PolicyLink(Flaky(1, connection_error()), seen.append, ours)
+    assert asyncio.run(link.sample([], 1, seed=5)) == "answer"
+    assert ours.restarts == 1 and [e.kind for e in seen] == ["llm_down", "llm_restart", "llm_restart", "llm_up"]
+    theirs = Server(reused=True)
+    link = PolicyLink(Flaky(3, connection_error()), lambda e: None, theirs)
+    assert asyncio.run(link.sample([], 1)) == "answer" and theirs.restarts == 0
