@@ -70,16 +70,16 @@ class EventLog:
 
     def __call__(self, event: Event) -> None:
         if not self.failed:
-            try:
-                for f, text in ((self.human, event.line()), (self.machine, event.to_json())):
+            for f, text in ((self.human, event.line()), (self.machine, event.to_json())):
+                try:
                     f.write(text + "\n")
                     f.flush()
-            except OSError:
-                # e.g. the disk is full: raised once, so the run stops (evolve.faults); the
-                # events of the stop itself still reach the screen.
-                self.failed = True
-                self._close()
-                raise
+                except OSError as exc:
+                    # e.g. the disk is full: raised once, so the run stops (evolve.faults); the
+                    # events of the stop itself still reach the screen.
+                    self.failed = True
+                    self._close()
+                    raise OSError(exc.errno, exc.strerror, f.name) from exc
         self.sink(event)
 
     def __enter__(self) -> "EventLog":
