@@ -4,7 +4,6 @@ No mocks. Where no engine (or no sandbox image) is available the Docker tests ar
 with the reason, except in CI (CI=true): there they must run, so that is a failure.
 """
 import asyncio
-import os
 import shutil
 import socket
 import textwrap
@@ -20,7 +19,6 @@ from evolve.docker_sandbox import LABEL, DockerSandbox, DockerUnavailable, conne
 from evolve.evaluator import Evaluator
 from evolve.sandbox import ProcessSandbox, make_sandbox
 
-from engine_proxy import EngineProxy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CASE = [{"name": "a", "args": {"n": 3}}]
@@ -487,18 +485,6 @@ async def test_a_container_killed_under_a_running_candidate_is_retried_not_blame
         client.api.kill(container_id)  # the one lent out, not the warm spare
     result = await busy
     assert result.status == "ok" and result.outputs == {"a": 3} and not result.fault, result
-
-
-@pytest.fixture
-def engine_proxy(docker_ready, tmp_path):
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if not host.startswith("unix://"):
-        pytest.skip("the outage test proxies a unix-socket engine")
-    proxy = EngineProxy(tmp_path / "engine.sock", host.removeprefix("unix://"))
-    proxy.start()
-    yield proxy
-    if proxy.listener.fileno() != -1:
-        proxy.stop()
 
 
 async def test_engine_going_away_fails_evaluations_clearly_then_recovers(engine_proxy):

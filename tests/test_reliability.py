@@ -24,7 +24,6 @@ import yaml
 from evolve.docker_sandbox import LABEL, connect
 from evolve.sandbox_image import image_tag
 
-from engine_proxy import EngineProxy  # noqa: E402
 from scripted_run import write_policy, write_problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,18 +302,6 @@ def test_a_database_locked_by_another_process_stops_the_run_and_it_resumes(tmp_p
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------
-@pytest.fixture
-def engine_proxy(docker_ready, tmp_path):
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if not host.startswith("unix://"):
-        pytest.skip("the outage test proxies a unix-socket engine")
-    proxy = EngineProxy(tmp_path / "engine.sock", host.removeprefix("unix://"))
-    proxy.start()
-    yield proxy
-    if proxy.listener.fileno() != -1:
-        proxy.stop()
-
-
 def test_the_docker_engine_going_away_mid_run_is_waited_out_and_blames_no_candidate(tmp_path, engine_proxy):
     """What a dockerd restart does to a run: the engine's socket goes away and every container
     dies. Evaluations wait (one line, and the dashboard says so), nothing is scored for it,
