@@ -98,19 +98,22 @@ def docker_unavailable_reason(base_url: str | None = None, image: str | None = N
     except ENGINE_ERRORS as exc:
         return f"no Docker engine reachable ({_short(exc)})"
     try:
-        return _image_missing(client, image or image_tag())
+        missing = _image_missing(client, image or image_tag())
+        return str(missing) if missing else None
     finally:
         client.close()
 
 
-def _image_missing(client: docker.DockerClient, image: str) -> str | None:
+def _image_missing(client: docker.DockerClient, image: str) -> DockerUnavailable | None:
+    """None if the image is there; otherwise why not (permanent: it is not built)."""
     try:
         client.images.get(image)
         return None
     except docker.errors.ImageNotFound:
-        return f"the sandbox image {image} is not built (run `evolve sandbox build`)"
+        return DockerUnavailable(f"the sandbox image {image} is not built (run `evolve sandbox build`)",
+                                 permanent=True)
     except ENGINE_ERRORS as exc:
-        return f"no Docker engine reachable ({_short(exc)})"
+        return DockerUnavailable(f"no Docker engine reachable ({_short(exc)})")
 
 
 class DockerSandbox:
@@ -126,8 +129,8 @@ class DockerSandbox:
             self._client = connect(base_url)
         except ENGINE_ERRORS as exc:
             raise DockerUnavailable(f"no Docker engine reachable ({_short(exc)})") from None
-        if reason := _image_missing(self._client, self.image):
-            raise DockerUnavailable(reason, permanent="not built" in reason)
+        if missing := _image_missing(self._client, self.image):
+            raise missing
         try:
             remove_leftovers(self._client)
         except ENGINE_ERRORS:
@@ -175,12 +178,12 @@ class DockerSandbox:
             self._pool.release(box)
             return talk
         if talk.lost:
-            why, engine_gone = await asyncio.to_thread(self._why_lost, box, talk.lost)
+            why, cause = await asyncio.to_thread(self._why_lost, box, talk.lost)
             talk.collected.extra.append(why)
-            if engine_gone:
+            if cause == "engine":
                 talk.collected.fault = why
             else:  # unless the harness had finished, or the candidate ran the container out of memory
-                talk.died = not talk.done and "OOM killed True" not in why
+                talk.died = not talk.done and cause != "oom"
         # Killed now, so a runaway candidate stops using CPU before the next evaluation.
         await asyncio.to_thread(self._pool.kill, box)
         return talk
@@ -214,18 +217,19 @@ class DockerSandbox:
         talk.collected.stdout, talk.done = bytes(results), done
         return talk
 
-    def _why_lost(self, box: _Box, error: str) -> tuple[str, bool]:
-        """The stream broke: tell a dead container from an engine that went away (True)."""
+    def _why_lost(self, box: _Box, error: str) -> tuple[str, str]:
+        """The stream broke: why, and the cause: "engine" (gone), "oom" (the candidate's
+        memory) or "died" (the container was killed under it)."""
         try:
             state = self._client.api.inspect_container(box.id)["State"]
         except docker.errors.NotFound:
-            return "the sandbox container vanished mid-run", False
+            return "the sandbox container vanished mid-run", "died"
         except ENGINE_ERRORS:
-            return f"lost the Docker engine mid-run ({error})", True
+            return f"lost the Docker engine mid-run ({error})", "engine"
         launcher = box.errors.decode(errors="replace").strip()[-500:]
         return (f"the sandbox container stopped mid-run (status {state.get('Status')}, "
                 f"exit code {state.get('ExitCode')}, OOM killed {state.get('OOMKilled')})"
-                + (f": {launcher}" if launcher else "")), False
+                + (f": {launcher}" if launcher else "")), "oom" if state.get("OOMKilled") else "died"
 
     def _container_config(self) -> dict:
         """Arguments of the low-level create_container (the high-level API hides StdinOnce)."""
@@ -355,6 +359,7 @@ class _Pool:
         self._owned: set[str] = set()  # every container not yet removed
         self._doomed: set[str] = set()  # given up, removal not yet confirmed
         self._failure = ""  # why the last start failed
+        self._failure_permanent = False  # the image is missing: no start will work until rebuilt
         self._failed_at = float("-inf")
         self._closed = False
         self._workers = ThreadPoolExecutor(4, thread_name_prefix="evolve-docker-pool")
@@ -377,7 +382,7 @@ class _Pool:
                     return box
                 with self._lock:
                     if self._failed_at > began:  # a start tried since we began has failed
-                        raise DockerUnavailable(self._failure, permanent="image is missing" in self._failure)
+                        raise DockerUnavailable(self._failure, permanent=self._failure_permanent)
                 if time.monotonic() - began > ACQUIRE_TIMEOUT_S:
                     raise DockerUnavailable(
                         f"no sandbox container ready after {ACQUIRE_TIMEOUT_S} s")
@@ -442,6 +447,7 @@ class _Pool:
             with self._lock:
                 self._starting -= 1
                 self._failure = _start_failure(exc)
+                self._failure_permanent = isinstance(exc, docker.errors.ImageNotFound)
                 self._failed_at = time.monotonic()
             if box is not None:
                 box.close()
@@ -606,8 +612,8 @@ def check() -> int:
     print(f"engine:    Docker {version.get('Version')} "
           f"(API {version.get('ApiVersion')}) at {where}")
     tag = image_tag()
-    if reason := _image_missing(client, tag):
-        print(f"image:     {reason}")
+    if missing := _image_missing(client, tag):
+        print(f"image:     {missing}")
         return 1
     print(f"image:     {tag} ({client.images.get(tag).attrs['Size'] / 1e6:.0f} MB)")
     print(f"leftovers: {remove_leftovers(client)} container(s) of stopped engines removed")
