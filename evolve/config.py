@@ -63,7 +63,27 @@ class SandboxLimits(Strict):
     pids: int = Field(default=128, ge=16)  # processes + threads in the container (docker only)
 
 
+class Tuning(Strict):
+    """In-the-loop tuning (evolve/tuning.py): CMA-ES on the float literals of a program's block.
+
+    The LLM writes structure, the optimiser moves its numbers. Every trial is a scored candidate
+    and counts in the evaluation budget; the best trial is stored as a `tuned` child.
+    """
+    enabled: bool = False
+    trials: int = Field(default=40, ge=2)  # scored variants per tuning
+    sigma: float = Field(default=0.1, gt=0)  # first step, relative to each literal's size
+    new_best: bool = True  # tune every LLM child that becomes its island's best ...
+    share: float = Field(default=0.2, ge=0, le=1)  # ... and this share of the other valid ones
+    max_literals: int = Field(default=12, ge=1)  # more than this: a random subset is tuned
+
+
 class Search(Strict):
+    # false: no LLM and no policy server; tuning is the only operator (a baseline)
+    llm: bool = True
+    # archive: parents from the islands (evolution); seed: every call mutates the seed and shows
+    # no other program (independent best-of-N sampling, the baseline evolution must beat)
+    parents: Literal["archive", "seed"] = "archive"
+    tuning: Tuning = Field(default_factory=Tuning)
     islands: int = Field(default=4, ge=1)
     exploit_ratio: float = Field(default=0.7, ge=0, le=1)
     explore_ratio: float = Field(default=0.2, ge=0, le=1)
@@ -77,6 +97,8 @@ class Search(Strict):
         total = self.exploit_ratio + self.explore_ratio + self.migrate_ratio
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"exploit_ratio + explore_ratio + migrate_ratio must be 1, got {total:g}")
+        if not self.llm and not self.tuning.enabled:
+            raise ValueError("llm is false and tuning is not enabled: the search has no operator")
         return self
 
 
@@ -212,6 +234,8 @@ class Policy(Strict):
     server: Server = Field(default_factory=Server)
     sampling: Sampling = Field(default_factory=Sampling)
     answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
+    # diff: SEARCH/REPLACE blocks; rewrite: the whole block anew; mix: the two by turns, per call
+    answer_format: Literal["diff", "rewrite", "mix"] = "diff"
     train: Train | None = None
     source_path: Path | None = Field(default=None, exclude=True)
 

@@ -21,13 +21,14 @@ from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, Sink, print_sink
 from .faults import Fault, Outage, SandboxFault, fault_of
-from .policy import PolicyClient, build_messages, dump_messages
-from .schema import Completion, Evaluation, LLMCall, Program, Session
+from .policy import PolicyClient, answer_format, build_messages, dump_messages
+from .schema import Completion, Evaluation, LLMCall, Program, Session, Tuning
+from .tuning import Trial, tune
 
 
 # Stop reasons of a run that ended as asked; any other reason is a fault (stopped, resumable).
 FINISHED = ("budget reached", "llm call budget reached", "wall time reached", "target reached",
-            "interrupted")
+            "interrupted", "nothing left to tune")
 SANDBOX_OUTAGE_S = 1800  # an engine that stays away longer stops the run (resumable)
 
 
@@ -91,8 +92,11 @@ class Controller:
             await self._resume_pending()
             if self.hook is not None:
                 await self.hook.resume(self.client)
-            self.loops = [asyncio.create_task(self._generate_loop())
-                          for _ in range(self.budget.llm_concurrency)]
+            if self.problem.search.llm:
+                self.loops = [asyncio.create_task(self._generate_loop())
+                              for _ in range(self.budget.llm_concurrency)]
+            else:  # tuning is the only operator: one loop keeps the evaluators busy
+                self.loops = [asyncio.create_task(self._tune_loop())]
             await asyncio.gather(*self.loops)
             await self._drain()
             self.stop_reason = self.stop_reason or "budget reached"
@@ -212,7 +216,8 @@ class Controller:
         ask = self.db.ask(island, self.rng)
         m = self.policy.answers
         messages = build_messages(self.problem, ask.parent, ask.inspirations, m,
-                                  self.policy.sampling.max_prompt_tokens)
+                                  self.policy.sampling.max_prompt_tokens,
+                                  answer_format(self.policy, call_index))
         version = self.db.policy_version()
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
@@ -238,9 +243,7 @@ class Controller:
             children = self._children(ask, call, sample, m)
         self.stats.tokens += sample.completion_tokens or 0
         self.stats.llm_s += sample.latency_s
-        task = asyncio.create_task(self._finish_group(island, children))
-        self.in_flight.add(task)
-        task.add_done_callback(self._watch)
+        self._spawn(self._finish_group(island, children))
 
     def _children(self, ask, call: LLMCall, sample, m: int) -> list[Program]:
         """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
@@ -296,28 +299,107 @@ class Controller:
             _copy_result(child, original)
             self.db.tell_result(child)
 
-    async def _evaluate(self, child: Program) -> None:
-        self.queued += 1
+    async def _claimed_run(self, code: str, queued: bool = False):
+        """(result, start time) of one evaluation that claims a unit of the budget, or None
+        when the budget is spent. `queued`: the caller counted itself in self.queued."""
         async with self.eval_slots:
-            self.queued -= 1
+            if queued:
+                self.queued -= 1
             if self.base_evals + self.claimed >= self.budget.max_evaluations:
-                return  # over budget: the child stays pending for a resume with a larger budget
+                return None
             self.claimed += 1
             started = time.time()
-            result = await self._run_evaluator(child.code)
-        with self.db.session.no_autoflush:  # the child must not be flushed into its own "before"
-            best_before = self.db.best()
-        _fill(child, result)
+            result = await self._run_evaluator(code)
         self.stats.evaluated += 1
         self.stats.statuses[result.status] = self.stats.statuses.get(result.status, 0) + 1
+        return result, started
+
+    async def _evaluate(self, child: Program) -> None:
+        self.queued += 1
+        ran = await self._claimed_run(child.code, queued=True)
+        if ran is None:
+            return  # over budget: the child stays pending for a resume with a larger budget
+        if self._wants_tuning(child, self._store(child, *ran)):
+            self._spawn(self._tune(child))
+
+    def _store(self, child: Program, result, started: float, *extra) -> bool:
+        """The child's result, its evaluation (and any rows that go with it) in one commit.
+        True if it is the new best of its island."""
+        with self.db.session.no_autoflush:  # the child must not be flushed into its own "before"
+            best_before = self.db.best()
+            island_best = self.db.islands[child.island].best()
+        _fill(child, result)
         evaluation = Evaluation(backend=self.evaluator.sandbox.backend, status=result.status,
                                 started_at=started, elapsed_s=result.elapsed_s, error=result.error)
-        self.db.tell_result(child, evaluation)
+        with self.db.batch():
+            if child.id is None:
+                self.db.tell(child, evaluation)
+            else:
+                self.db.tell_result(child, evaluation)
+            for row in extra:
+                row.child_id = child.id
+                self.db.add(row)
         if result.status == "ok" and best_before is not None and result.objective > best_before.objective:
             delta = result.objective - best_before.objective
-            self.emit("best", f"new best #{child.id}: {self._scores(result)} (+{delta:.4f})", program=child.id,
-                      island=child.island, headline=result.headline, objective=result.objective,
-                      delta=delta)
+            self.emit("best", f"new best #{child.id} ({child.origin}): {self._scores(result)} "
+                      f"(+{delta:.4f})", program=child.id, island=child.island, origin=child.origin,
+                      headline=result.headline, objective=result.objective, delta=delta)
+        return result.status == "ok" and (island_best is None or result.objective > island_best[0])
+
+    # ---- in-the-loop tuning ----------------------------------------------------------------
+    def _wants_tuning(self, child: Program, island_best: bool) -> bool:
+        """LLM children worth tuning: each new best of its island, and a share of the other
+        valid ones (the LLM's new structure may need other numbers before it pays off)."""
+        t = self.problem.search.tuning
+        if not t.enabled or child.status != "ok" or child.outcome == "same":
+            return False
+        return (t.new_best and island_best) or self.rng.random() < t.share
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self.in_flight.add(task)
+        task.add_done_callback(self._watch)
+
+    async def _tune(self, parent: Program) -> int:
+        """Tune one program's literals; the best trial is stored as a `tuned` child. Returns
+        the number of trials spent (0: nothing to tune, or no budget)."""
+        t = self.problem.search.tuning
+        started = time.time()
+        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
+                           request_seed(self.seed, parent.id), t.max_literals, self.rng)
+        if tuned.best is None:
+            return tuned.trials
+        child = Program(island=parent.island, parent_id=parent.id, origin="tuned",
+                        generation=parent.generation + 1, code=tuned.best.code, status="pending")
+        row = Tuning(run_id=self.db.run_id, parent_id=parent.id, trials=tuned.trials,
+                     parameters=tuned.parameters, start_objective=parent.objective,
+                     best_objective=tuned.best.objective, started_at=started,
+                     elapsed_s=time.time() - started)
+        self._store(child, tuned.best.result, started, row)
+        self.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
+                  f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
+                  parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
+                  objective=child.objective, outcome=child.outcome)
+        self._progress()
+        return tuned.trials
+
+    async def _trial(self, code: str) -> Trial | None:
+        if self._budget_left() not in (None, "llm call budget reached"):
+            return None  # out of time, or the target is met: a tuning stops mid-way
+        ran = await self._claimed_run(code)
+        return None if ran is None else Trial(code, ran[0].objective, ran[0])
+
+    async def _tune_loop(self) -> None:
+        """Tuning as the only operator (`search.llm: false`): parents as the LLM would get them."""
+        rounds = 0
+        while (reason := self._budget_left()) is None:
+            island = rounds % len(self.db.islands)
+            rounds += 1
+            if not await self._tune(self.db.ask(island, self.rng).parent) and self._budget_left() is None:
+                reason = "nothing left to tune"  # a program without float literals
+                break
+            self.db.advance(island)
+        self.stop_reason = self.stop_reason or reason
 
     async def _run_evaluator(self, code: str):
         """Evaluate, waiting out a sandbox outage: a candidate is never scored for our failure."""

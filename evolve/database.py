@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from .code import normalise
 from .config import Descriptor, Search
-from .schema import Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run
+from .schema import Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run, Tuning
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "db"
 EVALUATED = ("ok", "invalid", "error", "timeout")
@@ -236,11 +236,14 @@ class ProgramDatabase:
         return self.session.scalar(q)
 
     def evaluations_done(self) -> int:
-        """The budget counts candidates that really ran: failed mutations and duplicates are free."""
-        return self.session.scalar(
+        """The budget counts candidates that really ran: LLM children (failed mutations and
+        duplicates are free) and every trial of every tuning (its best trial is the tuned child)."""
+        children = self.session.scalar(
             select(func.count(Program.id)).where(
                 Program.run_id == self.run_id, Program.origin == "mutation",
                 Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
+        trials = self.session.scalar(select(func.sum(Tuning.trials)).where(Tuning.run_id == self.run_id))
+        return children + (trials or 0)
 
     def llm_calls_done(self) -> int:
         """Calls that count: an interrupted call is redone on resume, with the same seed."""
@@ -251,6 +254,10 @@ class ProgramDatabase:
         return self.session.scalars(
             select(Program).where(Program.run_id == self.run_id, Program.status == "ok")
             .order_by(Program.objective.desc(), Program.id).limit(1)).first()
+
+    def seed(self, island: int) -> Program:
+        return self.session.scalars(select(Program).where(
+            Program.run_id == self.run_id, Program.island == island, Program.origin == "seed")).first()
 
     def find_duplicate(self, code: str) -> Program | None:
         return self.session.scalars(
@@ -264,9 +271,14 @@ class ProgramDatabase:
 
     # ---- ask -----------------------------------------------------------------------
     def ask(self, island: int, rng: np.random.Generator) -> Ask:
-        """Parent by the YAML's exploit/explore/migrate ratios, plus top and diverse inspirations."""
+        """Parent by the YAML's exploit/explore/migrate ratios, plus top and diverse inspirations.
+
+        With `parents: seed` every ask is the island's seed and nothing else: independent
+        sampling, the baseline that evolution must beat."""
         idx = self.islands[island]
         s = self.search
+        if s.parents == "seed":
+            return Ask(island, self.seed(island), [], "seed")
         r = rng.random()
         if r < s.exploit_ratio:
             how, pool = "exploit", [pid for pid, _ in idx.elites.values()]
@@ -302,6 +314,9 @@ class ProgramDatabase:
         """Record the evaluation of a stored (pending) child and let it compete for its cell."""
         if program.status == "ok" and program.descriptors is not None:
             program.cell = cell_of(program.descriptors, self.axes)
+        if program.status in EVALUATED and program.parent_id is not None and program.origin != "migration":
+            program.outcome = "same" if program.duplicate_of is not None else \
+                outcome(program, self.get(program.parent_id))
         if evaluation is not None:
             evaluation.program_id = program.id
             self.session.add(evaluation)
@@ -359,6 +374,19 @@ class ProgramDatabase:
             row = self.session.get(Island, (self.run_id, island))
             row.generation, row.last_migration = idx.generation, idx.last_migration
         return migrant
+
+
+def outcome(child: Program, parent: Program) -> str:
+    """better: a higher objective than the parent; same: the parent's very outputs (its raw
+    scores), which is no progress whatever the code says; worse: anything else. (A duplicate
+    of any stored program is `same` too: it found nothing new.)"""
+    if child.status != "ok":
+        return "worse"
+    if parent.status == "ok" and child.raw == parent.raw and child.descriptors == parent.descriptors:
+        return "same"
+    if parent.status != "ok" or child.objective > parent.objective:
+        return "better"
+    return "worse"
 
 
 def _clone(p: Program, **changes) -> Program:

@@ -32,8 +32,11 @@ class Group:
 
 
 def reward_vector(program: Program, components: list[str]) -> np.ndarray:
-    """An answer's reward: its normalised fitness if it ran and scored, else the zero vector."""
-    if program.status != "ok" or not program.fitness:
+    """An answer's reward: its normalised fitness if it ran and scored, else the zero vector.
+
+    An answer that found nothing new (outcome `same`: its parent's outputs, or a copy of a
+    stored program such as an inspiration) earns nothing: copying is not progress."""
+    if program.status != "ok" or not program.fitness or program.outcome == "same":
         return np.zeros(len(components))
     return np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
 

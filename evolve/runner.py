@@ -57,13 +57,15 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple
                      "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
                                      "policy": policy.name, "seed": spec["seed"],
                                      "budget": budget.max_evaluations}))
-        base_url, model, vllm = server or start_policy_server(policy, run_dir, spec["seed"], stack)
-        client = PolicyLink(PolicyClient(policy, base_url, model), report, vllm)
+        client = hook = None
+        if problem.search.llm:  # a tuning-only search needs no policy server
+            base_url, model, vllm = server or start_policy_server(policy, run_dir, spec["seed"], stack)
+            client = PolicyLink(PolicyClient(policy, base_url, model), report, vllm)
+            hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
         report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}",
                      {"backend": evaluator.sandbox.backend}))
-        hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report)
         controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report, hook)
         return asyncio.run(_run(controller, client))
 
@@ -83,7 +85,7 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
     return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit)
 
 
-async def _run(controller: Controller, client: PolicyClient) -> str:
+async def _run(controller: Controller, client: PolicyClient | None) -> str:
     # SIGTERM stops a run the way Ctrl-C does: the controller is cancelled, in-flight work is
     # abandoned (children stay pending for the resume), and the ExitStack stops the server
     # and the sandbox containers.
@@ -94,7 +96,8 @@ async def _run(controller: Controller, client: PolicyClient) -> str:
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         terminate_as_interrupt()
-        await client.close()
+        if client is not None:
+            await client.close()
 
 
 def terminate_as_interrupt() -> None:

@@ -88,6 +88,9 @@ class Program(Base):
 
     status: ok | invalid | error | timeout (evaluated), mutation_failed (the answer could
     not be applied: no code to run), pending (made, not yet evaluated).
+    origin: seed | mutation (an LLM answer) | tuned (the best trial of a tuning) | migration.
+    outcome, for an evaluated child: better (a higher objective than its parent), same (the
+    very outputs of its parent: no progress, whatever its code) or worse.
     """
     __tablename__ = "programs"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -95,7 +98,7 @@ class Program(Base):
     island: Mapped[int] = mapped_column(Integer)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("programs.id"))
     generation: Mapped[int] = mapped_column(Integer, default=0)
-    origin: Mapped[str] = mapped_column(String(20))  # seed | mutation | migration
+    origin: Mapped[str] = mapped_column(String(20))  # seed | mutation | tuned | migration
     completion_id: Mapped[int | None] = mapped_column(ForeignKey("completions.id"), index=True)
     answer_index: Mapped[int | None] = mapped_column(Integer)
     code: Mapped[str | None] = mapped_column(Text)
@@ -109,6 +112,7 @@ class Program(Base):
     headline: Mapped[float | None] = mapped_column(Float)
     descriptors: Mapped[dict[str, Any] | None]
     cell: Mapped[str | None] = mapped_column(String(100))
+    outcome: Mapped[str | None] = mapped_column(String(10))
     created_at: Mapped[float] = mapped_column(Float, default=now)
 
     __table_args__ = (Index("ix_programs_run_island", "run_id", "island"),)
@@ -144,6 +148,24 @@ class TrainingStep(Base):
     load_s: Mapped[float | None] = mapped_column(Float)  # hot-loading into the server
     peak_rss_mb: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Tuning(Base):
+    """One in-the-loop tuning of a program: `trials` scored variants, the best stored as `child`.
+
+    Every trial counts in the evaluation budget; only the best becomes a program.
+    """
+    __tablename__ = "tunings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    parent_id: Mapped[int] = mapped_column(ForeignKey("programs.id"))
+    child_id: Mapped[int | None] = mapped_column(ForeignKey("programs.id"), index=True)
+    trials: Mapped[int] = mapped_column(Integer)
+    parameters: Mapped[int] = mapped_column(Integer)  # float literals tuned
+    start_objective: Mapped[float] = mapped_column(Float)
+    best_objective: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)
+    elapsed_s: Mapped[float] = mapped_column(Float)
 
 
 class Cell(Base):

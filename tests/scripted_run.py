@@ -27,6 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = ROOT / "problems" / "circle_packing.yaml"
 _BUILT: dict[str, Path] = {}
 
+# The scripted answers are diffs against this seed (equal circles on a square grid, n26 2.1667),
+# kept here so that they do not depend on the shipped seed.
+SEED = '''import numpy as np
+
+
+# EVOLVE-BLOCK-START
+def construct_packing(n):
+    """Equal circles on the smallest square grid with at least n cells."""
+    side = int(np.ceil(np.sqrt(n)))
+    cell = 1.0 / side
+    # Slightly smaller than half a cell: the judge has zero tolerance for rounding errors.
+    radius = 0.5 * cell * (1 - 1e-9)
+    index = np.arange(n)
+    centers = np.stack([(index % side + 0.5) * cell, (index // side + 0.5) * cell], axis=1)
+    radii = np.full(n, radius)
+    return centers, radii
+# EVOLVE-BLOCK-END
+'''
+
 
 def diff(intent: str, search: str, replace: str) -> str:
     return f"{intent}\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
@@ -89,12 +108,14 @@ class ScriptedClient:
         pass
 
 
-def write_problem(folder: Path, evaluations: int) -> Path:
+def write_problem(folder: Path, evaluations: int, tuning: dict | None = None) -> Path:
+    """The circle-packing problem on SEED with the process sandbox; tuning off unless given."""
     data = yaml.safe_load(PROBLEM.read_text())
-    data["program"] = str(PROBLEM.parent / data["program"])
+    del data["program"]
+    data["program_code"] = SEED
     data["scorer"] = str(PROBLEM.parent / data["scorer"])
     data["sandbox"] = {"backend": "process", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}
-    data["search"].update(islands=2, migration_every=2)
+    data["search"].update(islands=2, migration_every=2, tuning=tuning or {"enabled": False})
     data["budget"] = {"max_evaluations": evaluations, "llm_concurrency": 1, "eval_concurrency": 2}
     path = folder / "problem.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -109,10 +130,10 @@ def write_policy(folder: Path) -> Path:
     return path
 
 
-def make_run(run_dir: Path, evaluations: int = 14) -> Path:
+def make_run(run_dir: Path, evaluations: int = 14, tuning: dict | None = None) -> Path:
     """A finished run in run_dir (run.json, evolve.db, evolve.log, events.jsonl)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    problem_path, policy_path = write_problem(run_dir, evaluations), write_policy(run_dir)
+    problem_path, policy_path = write_problem(run_dir, evaluations, tuning), write_policy(run_dir)
     spec = {"problem": str(problem_path), "policy": str(policy_path), "seed": 0,
             "db_url": f"sqlite:///{run_dir.resolve() / 'evolve.db'}", "run_name": run_dir.resolve().name,
             "budget": {}}

@@ -1,0 +1,138 @@
+"""In-the-loop tuning: which literals are tuned, how they are replaced, and the CMA-ES loop."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from evolve.code import check_syntax, evolve_block
+from evolve.tuning import Trial, float_literals, substitute, tune
+
+PROGRAM = '''import numpy as np
+SCALE = 2.5  # outside the block: never tuned
+
+# EVOLVE-BLOCK-START
+def f(n):
+    """Docstring 1.5 is text, not a number."""
+    a = 0.5 * n + 1e-3
+    b = np.arange(n)[3]  # ints are structure
+    return a - 2.0 + 0x1F + 1_000.25
+# EVOLVE-BLOCK-END
+'''
+
+
+def test_only_float_literals_of_the_block():
+    assert [lit.value for lit in float_literals(PROGRAM)] == [0.5, 1e-3, 2.0, 1000.25]
+
+
+def test_substitute_keeps_everything_else_and_parenthesises_negatives():
+    lits = float_literals(PROGRAM)
+    child = substitute(PROGRAM, lits, [0.25, 2e-3, -1.0, 7.0])
+    check_syntax(child)
+    assert "a = 0.25 * n + 0.002" in child and "return a - (-1.0) + 0x1F + 7.0" in child
+    assert child.replace(evolve_block(child), "") == PROGRAM.replace(evolve_block(PROGRAM), "")
+    assert substitute(PROGRAM, lits, [lit.value for lit in lits]).count("SCALE = 2.5") == 1
+
+
+def test_a_program_that_does_not_tokenize_has_no_literals():
+    assert float_literals("# EVOLVE-BLOCK-START\nx = (1.5\n# EVOLVE-BLOCK-END\n") == []
+
+
+def _evaluator(target: np.ndarray, budget: list):
+    """A scored candidate: minus the distance of its literals to `target`; None when the budget is out."""
+    async def evaluate(code: str):
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        values = np.array([lit.value for lit in float_literals(code)])
+        return Trial(code, -float(np.sum((values - target) ** 2)), None)
+    return evaluate
+
+
+def test_tune_climbs_and_spends_at_most_its_trials():
+    code = "# EVOLVE-BLOCK-START\ndef f():\n    return 1.0 * 2.0 + 0.5\n# EVOLVE-BLOCK-END\n"
+    target = np.array([1.3, 1.7, 0.6])
+    start = -float(np.sum((np.array([1.0, 2.0, 0.5]) - target) ** 2))
+    budget = [1000]
+    tuned = asyncio.run(tune(code, start, _evaluator(target, budget), trials=60, sigma=0.2, seed=1,
+                             max_parameters=12, rng=np.random.default_rng(0)))
+    assert tuned.trials == 60 == 1000 - budget[0]
+    assert tuned.parameters == 3
+    assert tuned.best.objective > start
+    check_syntax(tuned.best.code)
+
+
+def test_tune_stops_when_the_budget_runs_out_and_keeps_what_ran():
+    code = "# EVOLVE-BLOCK-START\nx = 1.0\n# EVOLVE-BLOCK-END\n"
+    budget = [3]
+    tuned = asyncio.run(tune(code, -1.0, _evaluator(np.array([2.0]), budget), trials=40, sigma=0.2,
+                             seed=0, max_parameters=12, rng=np.random.default_rng(0)))
+    assert tuned.trials == 3 and tuned.best is not None
+
+
+def test_nothing_to_tune():
+    tuned = asyncio.run(tune("# EVOLVE-BLOCK-START\nx = 1\n# EVOLVE-BLOCK-END\n", 0.0,
+                             _evaluator(np.array([]), [10]), 40, 0.1, 0, 12, np.random.default_rng(0)))
+    assert tuned.best is None and tuned.trials == 0
+
+
+def test_many_literals_tune_a_random_subset():
+    code = "# EVOLVE-BLOCK-START\nx = [" + ", ".join(f"{i}.5" for i in range(20)) + "]\n# EVOLVE-BLOCK-END\n"
+    tuned = asyncio.run(tune(code, -1e9, _evaluator(np.zeros(20), [100]), 12, 0.1, 0, 5,
+                             np.random.default_rng(0)))
+    assert tuned.parameters == 5
+    changed = [a.value != b.value for a, b in zip(float_literals(code), float_literals(tuned.best.code))]
+    assert sum(changed) <= 5
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"llm": False}, "no operator"),
+    ({"parents": "island"}, "parents"),
+])
+def test_search_settings_are_checked(fields, message):
+    from pydantic import ValidationError
+
+    from evolve.config import Search
+    with pytest.raises(ValidationError, match=message):
+        Search(**fields)
+
+
+def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_path):
+    """The real engine (controller, SQLite, process sandbox, judge) with a scripted LLM: tuned
+    children carry their operator, parent and trials; the budget counts every trial; status
+    shows the same improving rates as the database."""
+    from sqlalchemy import create_engine, func, select
+    from sqlalchemy.orm import Session
+
+    from evolve.database import EVALUATED
+    from evolve.cli import read_spec
+    from evolve.report import _snapshot
+    from evolve.schema import Program, Tuning
+    from scripted_run import make_run
+
+    run = make_run(tmp_path / "run", evaluations=40,
+                   tuning={"enabled": True, "trials": 6, "share": 1.0, "sigma": 0.05})
+    with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
+        tuned = s.scalars(select(Program).where(Program.origin == "tuned")).all()
+        rows = {t.child_id: t for t in s.scalars(select(Tuning))}
+        assert tuned and set(rows) == {p.id for p in tuned}
+        for child in tuned:
+            parent = s.get(Program, child.parent_id)
+            assert parent.origin in ("mutation", "tuned", "seed") and parent.status == "ok"
+            assert child.island == parent.island and child.generation == parent.generation + 1
+            assert rows[child.id].parent_id == parent.id and 1 <= rows[child.id].trials <= 6
+            assert child.outcome in ("better", "same", "worse")
+            assert (child.outcome == "better") == (child.objective > parent.objective)
+        llm = s.scalar(select(func.count(Program.id)).where(
+            Program.origin == "mutation", Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
+        trials = sum(t.trials for t in rows.values())
+        assert llm + trials == 40  # the whole budget, every trial counted, nothing over
+        children = s.scalars(select(Program).where(Program.origin.in_(("mutation", "tuned")),
+                                                   Program.status.in_(EVALUATED))).all()
+        assert all(c.outcome is not None for c in children)
+        counts = {(o, k): sum(c.origin == o and c.outcome == k for c in children)
+                  for o in ("mutation", "tuned") for k in ("better", "same")}
+    snap = _snapshot(run, read_spec(run))
+    for origin in ("mutation", "tuned"):
+        rates = snap.operators[origin]
+        assert (rates.better, rates.same) == (counts[origin, "better"], counts[origin, "same"])
+    assert snap.operators["tuned"].trials == trials and snap.evaluations == 40
