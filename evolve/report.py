@@ -96,6 +96,7 @@ def status_rows(s: Snapshot) -> list[tuple[str, str]]:
         ("evaluations", f"{s.evaluations}/{s.budget}" + (f", ETA {duration(s.eta_s)}" if s.eta_s else "")),
         ("children", f"{sum(s.children.values())} ({statuses})"),
         ("valid mutation rate", pct(s.valid_diff_rate)),
+        ("improving children", improving_line(s)),
         ("best", f"#{best.id} {s.headline} {num(best.headline)}, objective {best.objective:.4f}"
                  if best else "-"),
         ("seed program", f"{s.headline} {num(s.seed_headline)}"),
@@ -105,6 +106,19 @@ def status_rows(s: Snapshot) -> list[tuple[str, str]]:
                        f"(last {duration(th.window_s)} of activity)"),
         ("MAP-Elites", f"{filled} elites over {len(s.islands)} islands x {size} cells"),
     ]
+
+
+def improving_line(s: Snapshot) -> str:
+    """Per operator: children that beat their parent, of those evaluated (and how many were the
+    parent again); the one number that says whether a search is alive."""
+    parts = []
+    for origin, label in (("mutation", "LLM"), ("tuned", "tuned")):
+        r = s.operators[origin]
+        if not r.evaluated:
+            continue
+        text = f"{label} {r.better}/{r.evaluated} ({pct(r.improving_rate)}), same as parent {pct(r.same_rate)}"
+        parts.append(text + (f", {r.trials} trials" if r.trials else ""))
+    return "; ".join(parts) or "-"
 
 
 # ---- best --------------------------------------------------------------------------------------

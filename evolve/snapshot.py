@@ -23,11 +23,13 @@ from sqlalchemy.exc import DatabaseError
 from pydantic import ValidationError
 
 from .config import Problem
-from .schema import (Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run, TrainingStep)
+from .schema import (Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run, TrainingStep,
+                     Tuning)
 from .schema import Session as RunSession
 
 WINDOW_S = 300.0  # throughput is measured over the last five minutes of activity
 FAILED = ("invalid", "error", "timeout")
+OPERATORS = ("mutation", "tuned")  # the origins of children: an LLM answer, a tuning's best trial
 
 
 class InspectError(Exception):
@@ -104,6 +106,23 @@ class Throughput:
 
 
 @dataclass(frozen=True)
+class OperatorRates:
+    """What one operator's evaluated children did against their parents."""
+    evaluated: int
+    better: int  # a higher objective than the parent: the number that says a search is alive
+    same: int  # the parent's very outputs, or a copy of a stored program: no progress
+    trials: int  # tuning only: every scored variant (the budget it spent)
+
+    @property
+    def improving_rate(self) -> float | None:
+        return self.better / self.evaluated if self.evaluated else None
+
+    @property
+    def same_rate(self) -> float | None:
+        return self.same / self.evaluated if self.evaluated else None
+
+
+@dataclass(frozen=True)
 class RLStatus:
     trains: bool  # the policy YAML has a `train:` section
     algorithm: str | None
@@ -154,6 +173,7 @@ class Snapshot:
     series: tuple[tuple[int, float | None, float, int, float], ...]
     throughput: Throughput
     rl: RLStatus
+    operators: dict  # origin (mutation | tuned) -> OperatorRates
 
     @property
     def valid_diff_rate(self) -> float | None:
@@ -190,6 +210,9 @@ class _Acc:
     recent_calls: deque = field(default_factory=deque)  # (end time, tokens)
     recent_evals: deque = field(default_factory=deque)  # (end time, status)
     recent_answers: deque = field(default_factory=deque)  # (created, applied?)
+    recent_trials: deque = field(default_factory=deque)  # (end time, trials) of finished tunings
+    outcomes: dict = field(default_factory=dict)  # (origin, outcome) -> evaluated children
+    trials: int = 0
     last_activity: float = 0.0
 
 
@@ -271,7 +294,8 @@ class RunReader:
         # (run_id, island) index instead, which is what would grow with the archive.
         acc = self.acc
         cols = (Program.id, Program.run_id, Program.island, Program.origin, Program.status, Program.objective,
-                Program.headline, Program.created_at)
+                Program.headline, Program.created_at,
+                Program.outcome if self._has("tunings") else text("NULL AS outcome"))
         rows = []
         if acc.pending:  # stored pending earlier: have they been scored since?
             rows += conn.execute(select(*cols).where(Program.id.in_(sorted(acc.pending)))).all()
@@ -302,6 +326,8 @@ class RunReader:
         acc = self.acc
         if row.origin == "mutation":
             _bump(acc.children, row.status, 1)
+        if row.origin in OPERATORS and row.status not in ("pending", "mutation_failed"):
+            _bump(acc.outcomes, (row.origin, row.outcome), 1)
         if row.status != "ok":
             return
         isl.ok += 1
@@ -316,20 +342,30 @@ class RunReader:
     def _read_evaluations(self, conn) -> None:
         """Evaluations in the order they finished: the x axis of best-versus-evaluations."""
         acc = self.acc
+        # A tuned child's evaluation stands for all the trials of its tuning (same commit).
+        trials = Tuning.trials if self._has("tunings") else text("NULL AS trials")
+        query = (select(Evaluation.id, Evaluation.status, Evaluation.started_at, Evaluation.elapsed_s,
+                        Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
+                        Program.headline, trials)
+                 .join(Program, Program.id == Evaluation.program_id))
+        if self._has("tunings"):
+            query = query.outerjoin(Tuning, Tuning.child_id == Program.id)
         rows = conn.execute(  # no run_id condition here either: see _read_programs
-            select(Evaluation.id, Evaluation.status, Evaluation.started_at, Evaluation.elapsed_s,
-                   Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
-                   Program.headline)
-            .join(Program, Program.id == Evaluation.program_id)
-            .where(Evaluation.id > acc.last_evaluation).order_by(Evaluation.id))
+            query.where(Evaluation.id > acc.last_evaluation).order_by(Evaluation.id))
         for row in rows:
             acc.last_evaluation = row.id
             if row.run_id != self.run_id:
                 continue
+            end = row.started_at + row.elapsed_s
             if row.origin == "mutation":
                 acc.evaluations += 1
-                acc.recent_evals.append((row.started_at + row.elapsed_s, row.status))
-                self._touch(row.started_at + row.elapsed_s)
+                acc.recent_evals.append((end, row.status))
+                self._touch(end)
+            elif row.origin == "tuned":
+                acc.evaluations += row.trials or 1
+                acc.trials += row.trials or 1
+                acc.recent_trials.append((end, row.trials or 1))
+                self._touch(end)
             if row.status == "ok" and (acc.best is None or (row.objective, -row.program) > acc.best[:2]):
                 acc.best = (row.objective, -row.program, row.program, row.headline)
                 acc.series.append((acc.evaluations, row.headline, row.objective, row.program,
@@ -369,10 +405,14 @@ class RunReader:
         return {"cells": cells, "islands": islands, "sessions": sessions, "version": version,
                 "training": self._read_training(conn)}
 
+    def _has(self, table: str) -> bool:
+        """Whether the schema has this table yet (a run from an older evolve may not)."""
+        return table in self._tables
+
     def _read_training(self, conn) -> tuple[int, float, dict | None]:
-        if "training_steps" not in self._tables:  # an older schema (revision 0001), or not yet
+        if not self._has("training_steps"):  # an older schema (revision 0001), or not yet
             self._tables = set(inspect(conn).get_table_names())
-            if "training_steps" not in self._tables:
+            if not self._has("training_steps"):
                 return 0, 0.0, None
         rid = self.run_id
         count, spent = conn.execute(
@@ -397,6 +437,9 @@ class RunReader:
                                    sessions[-1].started_at if sessions else None)
         left = max(max_evals - acc.evaluations, 0)
         eta = left / through.evals_per_s if (live and through.evals_per_s > 0) else None
+        wall = budget.get("wall_time_s") or self.problem.budget.wall_time_s
+        if live and wall is not None:  # whichever budget runs out first
+            eta = min(eta if eta is not None else float("inf"), max(wall - elapsed, 0.0))
         steps, spent, last = training
         return Snapshot(
             taken_at=now, run_dir=str(self.run_dir), run=self.run_name, problem=self.problem.name,
@@ -410,7 +453,17 @@ class RunReader:
             throughput=through,
             rl=RLStatus(trains=self.algorithm is not None, algorithm=self.algorithm,
                         steps=steps, version=version.version if version else 0,
-                        adapter=version.adapter_path if version else None, train_s=spent, last=last))
+                        adapter=version.adapter_path if version else None, train_s=spent, last=last),
+            operators=self._operators())
+
+    def _operators(self) -> dict:
+        out = {}
+        for origin in OPERATORS:
+            counts = {k[1]: v for k, v in self.acc.outcomes.items() if k[0] == origin}
+            out[origin] = OperatorRates(evaluated=sum(counts.values()), better=counts.get("better", 0),
+                                        same=counts.get("same", 0),
+                                        trials=self.acc.trials if origin == "tuned" else 0)
+        return out
 
     def _axes(self) -> tuple[Axis, ...]:
         return tuple(Axis(d.name, d.low, d.high, d.bins) for d in self.problem.descriptors)
@@ -452,7 +505,7 @@ class RunReader:
     def _throughput(self, end: float, session_start: float | None) -> Throughput:
         acc = self.acc
         start = end - WINDOW_S
-        for q in (acc.recent_calls, acc.recent_evals, acc.recent_answers):
+        for q in (acc.recent_calls, acc.recent_evals, acc.recent_answers, acc.recent_trials):
             while q and q[0][0] < start:  # older than the window: never needed again
                 q.popleft()
         if session_start is not None:
@@ -460,10 +513,11 @@ class RunReader:
         span = max(end - start, 1.0)
         calls = [c for c in acc.recent_calls if c[0] >= start]
         evals = [e[1] for e in acc.recent_evals if e[0] >= start]
+        trials = sum(t for end, t in acc.recent_trials if end >= start)
         answers = [a[1] for a in acc.recent_answers if a[0] >= start]
         return Throughput(
             window_s=span, llm_calls_per_s=len(calls) / span,
-            tokens_per_s=sum(t for _, t in calls) / span, evals_per_s=len(evals) / span,
+            tokens_per_s=sum(t for _, t in calls) / span, evals_per_s=(len(evals) + trials) / span,
             valid_diff_rate=sum(answers) / len(answers) if answers else None,
             failure_rates={s: evals.count(s) / len(evals) for s in FAILED} if evals else {})
 
