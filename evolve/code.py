@@ -267,14 +267,24 @@ def split_answers(response: str, m: int) -> list[str]:
 # Applying answers
 # ---------------------------------------------------------------------------
 
-# Line comparisons from strictest to loosest; the last ignores indentation,
-# in which case the REPLACE lines are re-indented (see _reindent).
+_COMMENT_RE = re.compile(r"""\s+#[^'"]*$""")
+
+
+def _code_only(line: str) -> str:
+    """The line without indentation and without a trailing comment (one holding no quote, so
+    a '#' inside a string is never cut). Small models drop the comments they copy."""
+    return _COMMENT_RE.sub("", line.strip())
+
+
+# Line comparisons from strictest to loosest; the last two ignore indentation, in which case
+# the REPLACE lines are re-indented (see _reindent), and the last one trailing comments too.
 _MATCHERS: tuple[Callable[[str], str], ...] = (
     lambda line: line.rstrip("\n"),
     lambda line: line.rstrip(),
     lambda line: line.strip(),
+    _code_only,
 )
-_IGNORES_INDENT = _MATCHERS[-1]
+_IGNORES_INDENT = _MATCHERS[2:]
 
 
 def _find(body: list[str], search: list[str], key: Callable[[str], str]) -> int | None:
@@ -330,7 +340,7 @@ def _apply_edit(body: str, edit: Edit) -> str | None:
             at = _find(body_lines, search, key)
             if at is None:
                 continue
-            if key is _IGNORES_INDENT:
+            if key in _IGNORES_INDENT:
                 k = next(i for i, line in enumerate(search) if line.strip())
                 replace = _reindent(replace, _indent(body_lines[at + k]), _indent(search[k]))
             after = body_lines[at + len(search) :]

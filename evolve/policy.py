@@ -14,7 +14,12 @@ from .config import Policy, Problem
 
 SYSTEM = """You are an expert programmer improving a program by evolution.
 You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`.
-Answer with SEARCH/REPLACE blocks. SEARCH copies lines of the current program exactly,
+"""
+
+# How an answer is written. Small models copy the worked example whatever its format, so each
+# format has its own (DESIGN §6: 0/10 valid diffs zero-shot, 6-10/10 with one example).
+RULES = {
+    "diff": """Answer with SEARCH/REPLACE blocks. SEARCH copies lines of the current program exactly,
 indentation included; REPLACE holds the new lines:
 
 <<<<<<< SEARCH
@@ -24,11 +29,15 @@ new lines that replace them
 >>>>>>> REPLACE
 
 Keep the function names and the return format. Write one short sentence of intent, then
-the blocks, nothing else."""
+the blocks, nothing else.""",
+    "rewrite": """Answer with one short sentence of intent, then the complete new code of the block in one
+```python fenced block: every line between the markers, changed or not, nothing outside them.
+Keep the function names and the return format.""",
+}
+FORMATS = tuple(RULES)
 
-# Small models produce valid diffs only after seeing one (DESIGN §6: 0/10 zero-shot,
-# 6-10/10 with one example). A worked example given as a previous chat turn is followed
-# far more reliably than one embedded in the instructions.
+# A worked example given as a previous chat turn is followed far more reliably than one
+# embedded in the instructions.
 EXAMPLE_PROGRAM = """import math
 
 # EVOLVE-BLOCK-START
@@ -56,17 +65,23 @@ def _diff(search: str, replace: str) -> str:
     return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
 
 
-def example_turns(m: int) -> list[dict]:
+def _rewrite(search: str, replace: str) -> str:
+    block = EXAMPLE_PROGRAM.split("# EVOLVE-BLOCK-START\n")[1].split("# EVOLVE-BLOCK-END")[0]
+    return f"```python\n{block.replace(search, replace).rstrip()}\n```"
+
+
+def example_turns(m: int, fmt: str = "diff") -> list[dict]:
     """A worked example as one user/assistant exchange, in the answer format asked for."""
     user = (f"## Problem\nPlace n points in [0, 1] with the largest minimum gap.\n\n"
             f"### Current program (min gap 0.0000)\n```python\n{EXAMPLE_PROGRAM}```\n\n"
-            f"## Task\n{_answer_instructions(m)}")
+            f"## Task\n{_answer_instructions(m, fmt)}")
     edits = [EXAMPLE_EDITS[i % len(EXAMPLE_EDITS)] for i in range(m)]
+    write = _diff if fmt == "diff" else _rewrite
     if m == 1:
         intent, search, replace = edits[0]
-        answer = f"{intent}\n{_diff(search, replace)}"
+        answer = f"{intent}\n{write(search, replace)}"
     else:
-        answer = "\n".join(f"<answer_{i}>\n{intent}\n{_diff(search, replace)}\n</answer_{i}>"
+        answer = "\n".join(f"<answer_{i}>\n{intent}\n{write(search, replace)}\n</answer_{i}>"
                            for i, (intent, search, replace) in enumerate(edits, 1))
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
@@ -85,30 +100,40 @@ def _program_section(title: str, program, problem: Problem, whole: bool) -> str:
     return f"### {title} ({scores_line(program, problem)})\n```python\n{code.rstrip()}\n```\n"
 
 
-def _answer_instructions(m: int) -> str:
+def _answer_instructions(m: int, fmt: str = "diff") -> str:
+    how = ("SEARCH/REPLACE blocks against the current program" if fmt == "diff"
+           else "the complete new code of the EVOLVE-BLOCK in a ```python block")
     if m == 1:
-        return "Propose one improvement as SEARCH/REPLACE blocks against the current program."
+        return f"Propose one improvement as {how}."
     tags = " ".join(f"<answer_{i}>...</answer_{i}>" for i in range(1, m + 1))
     return (f"Propose {m} genuinely different improvements, each aiming at a different trade-off "
-            f"between the components. Write each as its own SEARCH/REPLACE blocks against the current "
-            f"program, inside numbered sections: {tags}. Later answers should differ from earlier ones.")
+            f"between the components. Write each as {how}, inside numbered sections: {tags}. "
+            f"Later answers should differ from earlier ones.")
 
 
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
-                   max_prompt_tokens: int) -> list[dict]:
-    """Chat messages for one mutation request, dropping inspirations to stay in budget."""
+                   max_prompt_tokens: int, fmt: str = "diff") -> list[dict]:
+    """Chat messages for one mutation request in answer format `fmt` (diff | rewrite),
+    dropping inspirations to stay in budget."""
     insp = list(inspirations)
     while True:
         user = (f"## Problem\n{problem.description.strip()}\n\n"
                 + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
                           for i, p in enumerate(insp))
                 + _program_section("Current program", parent, problem, True)
-                + "\n## Task\n" + _answer_instructions(m))
-        messages = [{"role": "system", "content": SYSTEM}, *example_turns(m),
+                + "\n## Task\n" + _answer_instructions(m, fmt))
+        messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
                     {"role": "user", "content": user}]
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:
             return messages
         insp.pop()  # the last inspirations are the least useful (diverse ones come last)
+
+
+def answer_format(policy: Policy, call_index: int) -> str:
+    """The format of one call: the policy's, or alternating diff / rewrite for `mix`."""
+    if policy.answer_format != "mix":
+        return policy.answer_format
+    return FORMATS[call_index % len(FORMATS)]
 
 
 def estimate_tokens(messages: list[dict]) -> int:
