@@ -103,7 +103,10 @@ def new_plan(args) -> Plan:
         raise CompareError(f"two policies share a name ({names}): arms are named after them")
     out = args.out or Path("runs") / f"compare-{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     k_max = min(args.k_max, args.heldout_samples)
-    return Plan(dir=out, problem=str(Path(args.problem).resolve()), sets=list(args.set or []),
+    # The comparison is about the mutator and its fair budget is evaluations: tuning (which
+    # spends evaluations without the LLM) is off unless asked for, and the wall time is no limit.
+    fixed = ["budget.wall_time_s=null"] + ([] if args.tuning else ["search.tuning.enabled=false"])
+    return Plan(dir=out, problem=str(Path(args.problem).resolve()), sets=fixed + list(args.set or []),
                 policies=[{"name": p.name, "source": str(Path(path).resolve()),
                            "path": str((out / "policies" / f"{p.name}.yaml").resolve())}
                           for p, path in zip(policies, args.policies)],

@@ -29,7 +29,7 @@ from sqlalchemy import select
 
 from .code import MutationError, apply_answer, normalise, split_answers
 from .config import Policy, Problem
-from .policy import build_messages
+from .policy import answer_format, build_messages
 from .schema import Cell, PolicyVersion, Program, Run
 from .snapshot import readonly_engine
 
@@ -154,7 +154,7 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
     m = policy.answers
     inspirations = [SimpleNamespace(**i) for i in parent["inspirations"]]
     messages = build_messages(problem, SimpleNamespace(**parent), inspirations, m,
-                              policy.sampling.max_prompt_tokens)
+                              policy.sampling.max_prompt_tokens, answer_format(policy, parent_index))
     answers, tokens = [], 0
     for call_index, size in enumerate(call_sizes(samples, m, policy.sampling.group_size)):
         sample = await client.sample(messages, size, seed=request_seed(parent_index, call_index))
