@@ -75,6 +75,9 @@ class Tuning(Strict):
     new_best: bool = True  # tune every LLM child that becomes its island's best ...
     share: float = Field(default=0.2, ge=0, le=1)  # ... and this share of the other valid ones
     max_literals: int = Field(default=12, ge=1)  # more than this: a random subset is tuned
+    # Beside the LLM, also tune the archive's programs without pause (parents chosen as for the
+    # LLM), so the evaluators never wait for the next valid answer. Costs the server CPU time.
+    background: bool = False
 
 
 class Search(Strict):

@@ -92,11 +92,11 @@ class Controller:
             await self._resume_pending()
             if self.hook is not None:
                 await self.hook.resume(self.client)
-            if self.problem.search.llm:
-                self.loops = [asyncio.create_task(self._generate_loop())
-                              for _ in range(self.budget.llm_concurrency)]
-            else:  # tuning is the only operator: one loop keeps the evaluators busy
-                self.loops = [asyncio.create_task(self._tune_loop())]
+            search = self.problem.search
+            self.loops = [asyncio.create_task(self._generate_loop())
+                          for _ in range(self.budget.llm_concurrency if search.llm else 0)]
+            if not search.llm or search.tuning.background:  # one loop keeps the evaluators busy
+                self.loops.append(asyncio.create_task(self._tune_loop()))
             await asyncio.gather(*self.loops)
             await self._drain()
             self.stop_reason = self.stop_reason or "budget reached"
@@ -173,6 +173,8 @@ class Controller:
                                    status=result.status, started_at=started, elapsed_s=result.elapsed_s))
         self.emit("seed", f"seed: {self._scores(result)}", program=first.id, headline=result.headline,
                   objective=result.objective)
+        if self.problem.search.tuning.enabled and self.problem.search.llm:
+            self._spawn(self._tune(first))  # the seed is the first best of its island
 
     async def _resume_pending(self) -> None:
         pending = self.db.session.scalars(select(Program).where(
@@ -390,15 +392,24 @@ class Controller:
         return None if ran is None else Trial(code, ran[0].objective, ran[0])
 
     async def _tune_loop(self) -> None:
-        """Tuning as the only operator (`search.llm: false`): parents as the LLM would get them."""
+        """Tuning of the archive's programs, parents as the LLM would get them: the only operator
+        (`search.llm: false`), or beside the LLM (`tuning.background`)."""
+        alone = not self.problem.search.llm
         rounds = 0
         while (reason := self._budget_left()) is None:
+            if self.hook is not None and self.train_lock.locked():
+                await asyncio.sleep(1.0)  # training has the cores
+                continue
             island = rounds % len(self.db.islands)
             rounds += 1
-            if not await self._tune(self.db.ask(island, self.rng).parent) and self._budget_left() is None:
+            if await self._tune(self.db.ask(island, self.rng).parent):
+                if alone:  # beside the LLM, an island's generations are its LLM groups
+                    self.db.advance(island)
+            elif alone and self._budget_left() is None:
                 reason = "nothing left to tune"  # a program without float literals
                 break
-            self.db.advance(island)
+            else:
+                await asyncio.sleep(1.0)  # none to tune on this island yet
         self.stop_reason = self.stop_reason or reason
 
     async def _run_evaluator(self, code: str):

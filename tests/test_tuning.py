@@ -136,3 +136,26 @@ def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_pat
         rates = snap.operators[origin]
         assert (rates.better, rates.same) == (counts[origin, "better"], counts[origin, "same"])
     assert snap.operators["tuned"].trials == trials and snap.evaluations == 40
+
+
+def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
+    """`tuning.background`: a tuning loop runs beside the LLM's; the seed is tuned first (the
+    first best of its island), and the run stops at its budget with every evaluation counted."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from evolve.database import EVALUATED
+    from evolve.schema import LLMCall, Program, Tuning
+    from evolve.schema import Session as RunSession
+    from scripted_run import make_run
+
+    run = make_run(tmp_path / "run", evaluations=30,
+                   tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": True})
+    with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
+        tunings = s.scalars(select(Tuning).order_by(Tuning.id)).all()
+        assert tunings and s.get(Program, tunings[0].parent_id).origin == "seed"
+        assert s.scalars(select(LLMCall)).first() is not None  # the LLM ran beside it
+        assert [x.stop_reason for x in s.scalars(select(RunSession))] == ["budget reached"]
+        llm = s.scalars(select(Program).where(Program.origin == "mutation", Program.status.in_(EVALUATED),
+                                              Program.duplicate_of.is_(None))).all()
+        assert len(llm) + sum(t.trials for t in tunings) == 30

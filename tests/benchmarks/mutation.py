@@ -1,0 +1,141 @@
+"""Benchmark: the mutation channel, one lever at a time (the ablation behind the defaults).
+
+For each variant, the embedded server answers CALLS calls of n completions for the same
+parents, and every child goes through the real sandbox and judge:
+
+    python tests/benchmarks/mutation.py problems/circle_packing.yaml --calls 4
+    python tests/benchmarks/mutation.py problems/circle_packing.yaml --variants diff rewrite
+
+Per variant: answers, applied, valid, better than the parent, identical to the parent (its
+outputs), the best child, tokens/s and seconds per call. Parents: the problem's seed, and
+with --parents RUN_DIR the best program of that run as well.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import SimpleNamespace
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evolve.code import MutationError, apply_answer, split_answers
+from evolve.config import load_policy, load_problem
+from evolve.controller import request_seed
+from evolve.database import connect
+from evolve.evaluator import Evaluator
+from evolve.policy import PolicyClient, build_messages
+from evolve.runner import start_policy_server
+from evolve.schema import Program
+
+# name -> (policy field overrides, prompt overrides)
+VARIANTS = {
+    "diff": ({"answer_format": "diff"}, {}),
+    "rewrite": ({"answer_format": "rewrite"}, {}),
+    "diff_t1.0": ({"answer_format": "diff", "temperature": 1.0}, {}),
+    "rewrite_t1.0": ({"answer_format": "rewrite", "temperature": 1.0}, {}),
+    "rewrite_short": ({"answer_format": "rewrite", "max_tokens": 320}, {}),
+}
+
+
+async def probe(problem, policy, client, evaluator, parents, variant: str, calls: int, seed: int,
+                log: Path) -> dict:
+    fields, _ = VARIANTS[variant]
+    sampling = policy.sampling.model_copy(update={k: v for k, v in fields.items() if k != "answer_format"})
+    client.policy = policy.model_copy(update={"sampling": sampling})
+    fmt = fields.get("answer_format", policy.answer_format)
+    counts = dict(answers=0, applied=0, valid=0, better=0, same=0, tokens=0, seconds=0.0)
+    best = None
+    for k in range(calls):
+        parent = parents[k % len(parents)]
+        messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt)
+        started = time.time()
+        sample = await client.sample(messages, sampling.group_size, seed=request_seed(seed, k))
+        counts["seconds"] += time.time() - started
+        counts["tokens"] += sample.completion_tokens or 0
+        with open(log, "a") as f:
+            f.writelines(json.dumps({"variant": variant, "text": t}) + "\n" for t in sample.texts)
+        children = []
+        for text in sample.texts:
+            for answer in split_answers(text, policy.answers):
+                counts["answers"] += 1
+                try:
+                    children.append(apply_answer(parent.code, answer))
+                    counts["applied"] += 1
+                except MutationError:
+                    pass
+        results = await asyncio.gather(*(evaluator.evaluate(code) for code in children))
+        for r in results:
+            if r.status != "ok":
+                continue
+            counts["valid"] += 1
+            counts["same"] += r.raw == parent.raw
+            counts["better"] += r.objective > parent.objective
+            if best is None or r.objective > best:
+                best = r.objective
+    counts["best_objective"] = best
+    return counts
+
+
+def parents_of(problem, evaluator, run_dir: Path | None) -> list:
+    code = problem.seed_code()
+    seed = asyncio.run(evaluator.evaluate(code))
+    out = [SimpleNamespace(code=code, status="ok", objective=seed.objective, headline=seed.headline,
+                           fitness=seed.components, raw=seed.raw)]
+    if run_dir is not None:
+        spec = json.loads((run_dir / "run.json").read_text())
+        with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+            p = s.scalars(select(Program).where(Program.status == "ok")
+                          .order_by(Program.objective.desc())).first()
+            out.append(SimpleNamespace(code=p.code, status="ok", objective=p.objective, headline=p.headline,
+                                       fitness=p.fitness, raw=p.raw))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("problem", type=Path)
+    ap.add_argument("--policy", default="policies/frozen.yaml")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--parents", type=Path, help="a run directory whose best program is a parent too")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("runs/mutation-probe"))
+    args = ap.parse_args()
+    problem, policy = load_problem(args.problem), load_policy(args.policy)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    with ExitStack() as stack:
+        evaluator = Evaluator(problem)
+        stack.callback(evaluator.sandbox.close)
+        parents = parents_of(problem, evaluator, args.parents)
+        base_url, model, _ = start_policy_server(policy, args.out, args.seed, stack)
+        client = PolicyClient(policy, base_url, model)
+
+        async def all_variants():
+            for v in args.variants:
+                rows[v] = await probe(problem, policy, client, evaluator, parents, v, args.calls, args.seed,
+                                      args.out / "answers.jsonl")
+                print(v, rows[v], flush=True)
+            await client.close()
+        asyncio.run(all_variants())
+    lines = ["| variant | answers | applied | valid | better than parent | same as parent | best objective | "
+             "tok/s | s/call |", "|" + "---|" * 9]
+    for v, r in rows.items():
+        a = max(r["answers"], 1)
+        lines.append(f"| {v} | {r['answers']} | {r['applied'] / a:.0%} | {r['valid'] / a:.0%} | "
+                     f"{r['better']} ({r['better'] / a:.1%}) | {r['same']} | "
+                     f"{r['best_objective'] or 0:.4f} | {r['tokens'] / r['seconds']:.0f} | "
+                     f"{r['seconds'] / args.calls:.0f} |")
+    text = "\n".join(lines)
+    (args.out / "report.md").write_text(text + "\n")
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

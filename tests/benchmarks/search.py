@@ -1,0 +1,242 @@
+"""Benchmark: does the search find, and does evolution beat its parts and plain sampling?
+
+Runs arms x seeds of `evolve run`, each from a cold start (server start-up included) for a
+fixed wall time, one after another (two cores cannot run two searches fairly), then writes a
+table and a PNG of best headline against wall time:
+
+    python tests/benchmarks/search.py problems/circle_packing.yaml --minutes 30 --seeds 0 1 2
+    python tests/benchmarks/search.py problems/circle_packing.yaml --arms evolve --minutes 60
+    python tests/benchmarks/search.py --report runs/bench-circle_packing   # tables again
+
+Arms (the same problem, model, prompt and seed; only the operators differ):
+  evolve       the default: LLM mutations + in-the-loop tuning
+  llm_only     tuning off
+  tuning_only  no LLM: tuning of the archive's programs for the whole budget
+  sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
+
+An arm's run directory is kept (OUT/ARM-sSEED): run the same command again and finished
+runs are skipped, interrupted ones resumed. Figures per run: best headline at the wall time
+(the best program by objective, as `evolve status` shows it), valid-answer rate,
+improving-children rate per operator, identical-to-parent rate, evaluations/min, tokens/s
+while generating against the server's peak for the same prompt and n (--peak), and which
+operator found the improvements.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from evolve.config import load_problem
+from evolve.database import connect
+from evolve.schema import Evaluation, LLMCall, Program, Tuning
+
+ARMS = {
+    "evolve": [],
+    "llm_only": ["search.tuning.enabled=false"],
+    "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
+    "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
+}
+
+
+def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, policy: str | None) -> Path:
+    run_dir = out / f"{arm}-s{seed}"
+    meta = run_dir / "bench.json"
+    if meta.exists() and json.loads(meta.read_text()).get("done"):
+        return run_dir
+    sets = [x for s in ARMS[arm] for x in ("--set", s)]
+    cmd = [sys.executable, "-m", "evolve.cli", "run", str(problem), "--seed", str(seed),
+           "--wall-time", str(minutes * 60), "--max-evaluations", "1000000", "--run-dir", str(run_dir),
+           "--no-dashboard", *sets, *(["--policy", policy] if policy else [])]
+    launches = json.loads(meta.read_text())["launches"] if meta.exists() else []
+    launches.append(time.time())  # wall time is counted from here: server start-up included
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"command": cmd, "launches": launches, "done": False}))
+    print(f"[bench] {arm} seed {seed}: {' '.join(cmd)}", flush=True)
+    with open(run_dir / "bench.log", "a") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    meta.write_text(json.dumps({"command": cmd, "launches": launches, "done": rc == 0, "rc": rc}))
+    return run_dir
+
+
+def union_length(intervals) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def measure(run_dir: Path, minutes: float) -> dict:
+    """The figures of one run, cut at `minutes` of wall time after its (first) launch."""
+    meta = json.loads((run_dir / "bench.json").read_text())
+    spec = json.loads((run_dir / "run.json").read_text())
+    t0 = meta["launches"][0]
+    with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+        rows = s.execute(select(Program.id, Program.origin, Program.status, Program.objective,
+                                Program.headline, Program.outcome, Program.duplicate_of,
+                                Evaluation.started_at + Evaluation.elapsed_s)
+                         .join(Evaluation, Evaluation.program_id == Program.id)
+                         .order_by(Evaluation.id)).all()
+        trials = dict(s.execute(select(Tuning.child_id, Tuning.trials)).all())
+        answers = s.scalar(select(func.count(Program.id)).where(Program.origin == "mutation"))
+        applied = s.scalar(select(func.count(Program.id)).where(
+            Program.origin == "mutation", Program.status != "mutation_failed"))
+        calls = s.execute(select(LLMCall.started_at, LLMCall.latency_s, LLMCall.completion_tokens)
+                          .where(LLMCall.error.is_(None))).all()
+        sessions_s = 0.0
+    horizon = t0 + minutes * 60
+    best, curve, evaluations, found_by = None, [], 0, {"seed": 0, "mutation": 0, "tuned": 0}
+    per_op = {op: {"evaluated": 0, "better": 0, "same": 0} for op in ("mutation", "tuned")}
+    for pid, origin, status, objective, headline, outcome, dup, end in rows:
+        if end > horizon:
+            continue
+        evaluations += trials.get(pid, 1) if origin in ("mutation", "tuned") else 0
+        if origin in per_op:
+            per_op[origin]["evaluated"] += 1
+            per_op[origin]["better"] += outcome == "better"
+            per_op[origin]["same"] += outcome == "same"
+        if status == "ok" and (best is None or objective > best[0]):
+            if best is not None and origin in found_by:
+                found_by[origin] += 1
+            best = (objective, headline, pid, origin)
+            curve.append(((end - t0) / 60, headline, objective))
+    calls = [c for c in calls if c.started_at + (c.latency_s or 0) <= horizon]
+    generating = union_length([(c.started_at, c.started_at + c.latency_s) for c in calls])
+    tokens = sum(c.completion_tokens or 0 for c in calls)
+    first = curve[0][0] if curve else None
+    seed_headline = curve[0][1] if curve else None
+    improved = next((t for t, h, o in curve[1:]), None)
+    return {
+        "run_dir": str(run_dir), "command": " ".join(meta["command"]),
+        "best_headline": best[1] if best else None, "best_objective": best[0] if best else None,
+        "best_origin": best[3] if best else None, "seed_headline": seed_headline,
+        "first_eval_min": first, "first_improvement_min": improved, "curve": curve,
+        "evaluations": evaluations, "evals_per_min": evaluations / minutes,
+        "answers": answers, "valid_answer_rate": applied / answers if answers else None,
+        "operators": per_op, "improvements_by": found_by,
+        "tokens": tokens, "tokens_per_s_generating": tokens / generating if generating else None,
+        "llm_busy_share": generating / (minutes * 60),
+    }
+
+
+def rate(d: dict, key: str) -> str:
+    return f"{d[key]}/{d['evaluated']} ({d[key] / d['evaluated']:.1%})" if d["evaluated"] else "-"
+
+
+def table(results: dict, minutes: float, headline: str) -> str:
+    lines = [f"| arm | seed | best {headline} at {minutes:g} min | found by | first improvement (min) | "
+             "evals/min | valid answers | improving LLM | improving tuned | same as parent (LLM) | "
+             "tok/s generating |", "|" + "---|" * 11]
+    for (arm, seed), r in sorted(results.items()):
+        ops = r["operators"]
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        lines.append(
+            f"| {arm} | {seed} | {fmt(r['best_headline'], '.4f')} | {r['best_origin'] or '-'} | "
+            f"{fmt(r['first_improvement_min'], '.1f')} | {r['evals_per_min']:.1f} | "
+            f"{fmt(r['valid_answer_rate'], '.1%')} | {rate(ops['mutation'], 'better')} | "
+            f"{rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
+            f"{fmt(r['tokens_per_s_generating'], '.0f')} |")
+    medians = {}
+    for (arm, _), r in results.items():
+        medians.setdefault(arm, []).append(r["best_headline"] or 0.0)
+    lines.append("")
+    lines += [f"- median best {headline} of `{arm}` over {len(v)} seed(s): {sorted(v)[len(v) // 2]:.4f}"
+              for arm, v in sorted(medians.items())]
+    return "\n".join(lines)
+
+
+def plot(results: dict, minutes: float, headline: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for (arm, seed), r in sorted(results.items()):
+        xs = [t for t, _, _ in r["curve"]] + [minutes]
+        ys = [h for _, h, _ in r["curve"]]
+        if ys:
+            ax.step(xs, ys + ys[-1:], where="post", color=colours.get(arm), alpha=0.8,
+                    label=arm if seed == min(s for a, s in results if a == arm) else None)
+    ax.set_xlabel("wall time since launch (min, server start-up included)")
+    ax.set_ylabel(f"best {headline} (best program by objective)")
+    ax.set_xlim(0, minutes)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+async def peak_tokens_per_s(run_dir: Path, n_calls: int) -> float | None:
+    """The embedded server's own rate for one of the run's prompts, with the run's n and number of
+    calls in flight and nothing else on the machine: the 100 % that the run is measured against."""
+    from contextlib import ExitStack
+
+    from evolve.config import load_policy
+    from evolve.policy import PolicyClient
+    from evolve.runner import start_policy_server
+
+    spec = json.loads((run_dir / "run.json").read_text())
+    with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+        call = s.scalars(select(LLMCall).where(LLMCall.error.is_(None)).order_by(LLMCall.id.desc())).first()
+    if call is None:
+        return None
+    policy = load_policy(spec["policy"])
+    with ExitStack() as stack:
+        base_url, model, _ = start_policy_server(policy, run_dir / "peak", 0, stack)
+        client = PolicyClient(policy, base_url, model)
+        messages = json.loads(call.prompt)
+        await client.sample(messages, call.n)  # warm the prefix cache, as in a run
+        started = time.time()
+        samples = await asyncio.gather(*(client.sample(messages, call.n) for _ in range(n_calls)))
+        await client.close()
+        return sum(x.completion_tokens for x in samples) / (time.time() - started)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("problem", nargs="?", type=Path)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--policy", help="a policy YAML (default: the run's default, policies/frozen.yaml)")
+    ap.add_argument("--out", type=Path, help="default: runs/bench-PROBLEM")
+    ap.add_argument("--report", type=Path, help="only write the tables of an existing OUT")
+    ap.add_argument("--peak", action="store_true", help="also measure the server's peak tokens/s")
+    args = ap.parse_args()
+    out = args.report or args.out or Path("runs") / f"bench-{args.problem.stem}"
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for seed in args.seeds:
+            for arm in args.arms:
+                run_arm(args.problem, arm, seed, args.minutes, out, args.policy)
+    results = {}
+    for meta in sorted(out.glob("*-s*/bench.json")):
+        arm, seed = meta.parent.name.rsplit("-s", 1)
+        results[(arm, int(seed))] = measure(meta.parent, args.minutes)
+    spec = json.loads(next(iter(out.glob("*-s*/run.json"))).read_text())
+    headline = load_problem(spec["problem"], spec.get("set")).headline
+    text = table(results, args.minutes, headline)
+    if args.peak:
+        llm_runs = [k for k in results if k[0] != "tuning_only"]
+        if llm_runs:
+            peak = asyncio.run(peak_tokens_per_s(out / f"{llm_runs[0][0]}-s{llm_runs[0][1]}", 2))
+            text += f"\n- the server's peak for the same prompt, n and 2 calls in flight: {peak:.0f} tok/s"
+    (out / "results.json").write_text(json.dumps({f"{a}-s{s}": r for (a, s), r in results.items()}, indent=1))
+    (out / "report.md").write_text(text + "\n")
+    plot(results, args.minutes, headline, out / "best_vs_time.png")
+    print(text)
+    print(f"[bench] {out / 'report.md'}, {out / 'best_vs_time.png'}")
+
+
+if __name__ == "__main__":
+    main()
