@@ -95,7 +95,8 @@ class Controller:
             search = self.problem.search
             self.loops = [asyncio.create_task(self._generate_loop())
                           for _ in range(self.budget.llm_concurrency if search.llm else 0)]
-            if not search.llm or search.tuning.background:  # one loop keeps the evaluators busy
+            if search.tuning.enabled and (not search.llm or search.tuning.background):
+                # one loop keeps the evaluators busy
                 self.loops.append(asyncio.create_task(self._tune_loop()))
             await asyncio.gather(*self.loops)
             await self._drain()
