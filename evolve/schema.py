@@ -112,7 +112,8 @@ class Program(Base):
     headline: Mapped[float | None] = mapped_column(Float)
     descriptors: Mapped[dict[str, Any] | None]
     cell: Mapped[str | None] = mapped_column(String(100))
-    outcome: Mapped[str | None] = mapped_column(String(10))
+    # deferred: read only where used, so the read-only views still open a run of schema 0002
+    outcome: Mapped[str | None] = mapped_column(String(10), deferred=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
 
     __table_args__ = (Index("ix_programs_run_island", "run_id", "island"),)

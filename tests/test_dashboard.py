@@ -446,7 +446,7 @@ def test_evolve_run_in_a_terminal_shows_a_live_dashboard(smol_policy, tmp_path):
     last = frames[-1]
     for title in ("islands", "MAP-Elites cells", "best", "throughput", "RL hook", "recent events"):
         assert f"─ {title} " in last
-    assert "frozen policy: no training" in last and "seed: n26 = 2.166667" in last
+    assert "frozen policy: no training" in last and "seed: n26 = 2.16666" in last
     seen = {m for f in frames for m in re.findall(r"LLM calls \d/3", f)}
     assert len(seen) >= 2 and "LLM calls 3/3" in last  # it updated while we watched
     s = snapshot(run_dir)

@@ -75,6 +75,7 @@ def start_run(tmp_path: Path, policy: Path, calls: int) -> tuple[subprocess.Pope
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", str(PROBLEM), "--policy", str(policy),
                              "--run-dir", str(run_dir), "--max-evaluations", "100",
+                             "--set", "search.tuning.enabled=false",  # the budget is the LLM's
                              "--max-llm-calls", str(calls), "--no-dashboard"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, run_dir, run_dir / "evolve.db"

@@ -2,6 +2,7 @@
 server (Qwen2.5-Coder-0.5B, the CPU default), the process sandbox and the SQLite database;
 then Ctrl-C and resume."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,3 +139,32 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, tmp_path):
     assert status.returncode == 0 and "valid mutation rate" in status.stdout
     best = evolve("best", run_dir, "--code")
     assert best.returncode == 0 and "EVOLVE-BLOCK-START" in best.stdout
+
+
+def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(server, policy, tmp_path):
+    """The embedded model and in-the-loop tuning together: LLM children and tuned children are
+    stored with their operator and lineage, and `evolve status` reports what the database holds."""
+    run_dir = tmp_path / "run"
+    run = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2,
+                 "--set", "search.tuning.trials=8", "--set", "search.tuning.share=1.0")
+    assert run.returncode == 0, run.stdout + run.stderr
+    with db_session(run_dir) as s:
+        llm = s.scalars(select(Program).where(Program.origin == "mutation")).all()
+        tuned = s.scalars(select(Program).where(Program.origin == "tuned")).all()
+        assert len(llm) == 8 and tuned  # the seed is tuned at the start, whatever the LLM wrote
+        for child in tuned:
+            parent = s.get(Program, child.parent_id)
+            assert parent.status == "ok" and child.generation == parent.generation + 1
+            assert child.code != parent.code and child.outcome in ("better", "same", "worse")
+        counts = {}
+        for p in llm + tuned:
+            if p.outcome is not None:
+                counts[p.origin, p.outcome] = counts.get((p.origin, p.outcome), 0) + 1
+    status = evolve("status", run_dir, env={**os.environ, "COLUMNS": "300"})  # one line per row
+    assert status.returncode == 0, status.stderr
+    line = next(x for x in status.stdout.splitlines() if "improving children" in x)
+    tuned_done = sum(v for (o, _), v in counts.items() if o == "tuned")
+    assert f"tuned {counts.get(('tuned', 'better'), 0)}/{tuned_done} " in line
+    llm_done = sum(v for (o, _), v in counts.items() if o == "mutation")
+    if llm_done:
+        assert f"LLM {counts.get(('mutation', 'better'), 0)}/{llm_done} " in line
