@@ -76,6 +76,8 @@ class Controller:
         self.stopping = False
         self.loops: list[asyncio.Task] = []
         self.sandbox_outage = Outage("sandbox", report)
+        self.llm_turn = asyncio.Event()  # clear while tuning has the cores (tuning.background)
+        self.llm_turn.set()
 
     # ---- top level -----------------------------------------------------------------------
     async def run(self) -> str:
@@ -95,9 +97,10 @@ class Controller:
             search = self.problem.search
             self.loops = [asyncio.create_task(self._generate_loop())
                           for _ in range(self.budget.llm_concurrency if search.llm else 0)]
-            if search.tuning.enabled and (not search.llm or search.tuning.background):
-                # one loop keeps the evaluators busy
+            if search.tuning.enabled and not search.llm:  # one loop keeps the evaluators busy
                 self.loops.append(asyncio.create_task(self._tune_loop()))
+            elif search.tuning.enabled and search.tuning.background:
+                self.loops.append(asyncio.create_task(self._take_turns()))
             await asyncio.gather(*self.loops)
             await self._drain()
             self.stop_reason = self.stop_reason or "budget reached"
@@ -188,6 +191,9 @@ class Controller:
     # ---- generation ----------------------------------------------------------------------
     async def _generate_loop(self) -> None:
         while (reason := self._budget_left()) is None:
+            if not self.llm_turn.is_set():
+                await self.llm_turn.wait()
+                continue
             if self.hook is not None and self.hook.due():
                 await self._train()
                 continue
@@ -393,25 +399,46 @@ class Controller:
         return None if ran is None else Trial(code, ran[0].objective, ran[0])
 
     async def _tune_loop(self) -> None:
-        """Tuning of the archive's programs, parents as the LLM would get them: the only operator
-        (`search.llm: false`), or beside the LLM (`tuning.background`)."""
-        alone = not self.problem.search.llm
+        """Tuning as the only operator (`search.llm: false`), parents as the LLM would get them."""
         rounds = 0
         while (reason := self._budget_left()) is None:
-            if self.hook is not None and self.train_lock.locked():
-                await asyncio.sleep(1.0)  # training has the cores
-                continue
             island = rounds % len(self.db.islands)
             rounds += 1
-            if await self._tune(self.db.ask(island, self.rng).parent):
-                if alone:  # beside the LLM, an island's generations are its LLM groups
-                    self.db.advance(island)
-            elif alone and self._budget_left() is None:
+            if not await self._tune(self.db.ask(island, self.rng).parent) and self._budget_left() is None:
                 reason = "nothing left to tune"  # a program without float literals
                 break
-            else:
-                await asyncio.sleep(1.0)  # none to tune on this island yet
+            self.db.advance(island)
         self.stop_reason = self.stop_reason or reason
+
+    async def _take_turns(self) -> None:
+        """`tuning.background`: the LLM and tuning of the archive's programs take turns with the
+        cores. A tuning turn starts once the answers in flight are in, and ends after its share
+        of `turn_s` (its last tuning finishes first)."""
+        t = self.problem.search.tuning
+        rounds = 0
+        while await self._wait_while_budget(t.turn_s * (1 - t.background)):
+            if self.hook is not None and self.train_lock.locked():
+                continue  # training has the cores
+            self.llm_turn.clear()
+            try:
+                while self.calls_in_flight:
+                    await asyncio.sleep(0.1)
+                end = time.time() + t.turn_s * t.background
+                while time.time() < end and self._budget_left() is None:
+                    rounds += 1
+                    if not await self._tune(self.db.ask(rounds % len(self.db.islands), self.rng).parent):
+                        await asyncio.sleep(0.5)  # nothing to tune on this island
+            finally:
+                self.llm_turn.set()
+
+    async def _wait_while_budget(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; False as soon as the budget is spent."""
+        end = time.time() + seconds
+        while self._budget_left() is None:
+            if time.time() >= end:
+                return True
+            await asyncio.sleep(min(1.0, end - time.time()))
+        return False
 
     async def _run_evaluator(self, code: str):
         """Evaluate, waiting out a sandbox outage: a candidate is never scored for our failure."""

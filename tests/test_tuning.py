@@ -147,7 +147,7 @@ def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_pat
 
 
 def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
-    """`tuning.background`: a tuning loop runs beside the LLM's; the seed is tuned first (the
+    """`tuning.background`: tuning turns alternate with the LLM's; the seed is tuned first (the
     first best of its island), and the run stops at its budget with every evaluation counted."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
@@ -158,7 +158,8 @@ def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
     from scripted_run import make_run
 
     run = make_run(tmp_path / "run", evaluations=30,
-                   tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": True})
+                   tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": 0.5,
+                           "turn_s": 1.0})
     with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
         tunings = s.scalars(select(Tuning).order_by(Tuning.id)).all()
         assert tunings and s.get(Program, tunings[0].parent_id).origin == "seed"
