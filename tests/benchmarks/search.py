@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from evolve.config import load_problem
 from evolve.database import connect
 from evolve.schema import Evaluation, LLMCall, Program, Tuning
+from overhead import union_length  # a sibling script: run this one as tests/benchmarks/search.py
 
 ARMS = {
     "evolve": [],
@@ -64,15 +65,6 @@ def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, polic
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     meta.write_text(json.dumps({"command": cmd, "launches": launches, "done": rc == 0, "rc": rc}))
     return run_dir
-
-
-def union_length(intervals) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def measure(run_dir: Path, minutes: float) -> dict:
