@@ -30,14 +30,10 @@ new lines that replace them
 
 Keep the function names and the return format. Write one short sentence of intent, then
 the blocks, nothing else.""",
-    "rewrite": """Answer with the complete new code of the block in one ```python fenced block: every line
-between the markers, changed or not, nothing outside them. Its first line is a comment that
-says what you changed. Keep the function names and the return format.""",
+    "rewrite": """Answer with one short sentence of intent, then the complete new code of the block in one
+```python fenced block: every line between the markers, changed or not, nothing outside them.
+Keep the function names and the return format.""",
 }
-# A one-answer rewrite starts inside its code block: the answer is prefilled with this, and the
-# server continues it. Asked for a sentence and then code, the 0.5B model wrote the sentence
-# and stopped in 116 of 200 answers (a no-code answer is a failed mutation).
-REWRITE_PREFIX = "```python\n"
 FORMATS = tuple(RULES)
 
 # A worked example given as a previous chat turn is followed far more reliably than one
@@ -69,9 +65,9 @@ def _diff(search: str, replace: str) -> str:
     return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
 
 
-def _rewrite(intent: str, search: str, replace: str) -> str:
+def _rewrite(search: str, replace: str) -> str:
     block = EXAMPLE_PROGRAM.split("# EVOLVE-BLOCK-START\n")[1].split("# EVOLVE-BLOCK-END")[0]
-    return f"{REWRITE_PREFIX}# {intent}\n{block.replace(search, replace).rstrip()}\n```"
+    return f"```python\n{block.replace(search, replace).rstrip()}\n```"
 
 
 def example_turns(m: int, fmt: str = "diff") -> list[dict]:
@@ -80,11 +76,13 @@ def example_turns(m: int, fmt: str = "diff") -> list[dict]:
             f"### Current program (min gap 0.0000)\n```python\n{EXAMPLE_PROGRAM}```\n\n"
             f"## Task\n{_answer_instructions(m, fmt)}")
     edits = [EXAMPLE_EDITS[i % len(EXAMPLE_EDITS)] for i in range(m)]
-    write = (lambda intent, search, replace: f"{intent}\n{_diff(search, replace)}") if fmt == "diff" else _rewrite
+    write = _diff if fmt == "diff" else _rewrite
     if m == 1:
-        answer = write(*edits[0])
+        intent, search, replace = edits[0]
+        answer = f"{intent}\n{write(search, replace)}"
     else:
-        answer = "\n".join(f"<answer_{i}>\n{write(*edit)}\n</answer_{i}>" for i, edit in enumerate(edits, 1))
+        answer = "\n".join(f"<answer_{i}>\n{intent}\n{write(search, replace)}\n</answer_{i}>"
+                           for i, (intent, search, replace) in enumerate(edits, 1))
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
@@ -126,8 +124,6 @@ def build_messages(problem: Problem, parent, inspirations: list, m: int,
                 + "\n## Task\n" + _answer_instructions(m, fmt))
         messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
                     {"role": "user", "content": user}]
-        if fmt == "rewrite" and m == 1:
-            messages.append({"role": "assistant", "content": REWRITE_PREFIX})
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:
             return messages
         insp.pop()  # the last inspirations are the least useful (diverse ones come last)
@@ -176,20 +172,13 @@ class PolicyClient:
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
         # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
         body = {"return_token_ids": True} if self.is_vllm else None
-        # A prefilled answer (a last assistant message): vLLM continues it; other servers
-        # would take it as history, so they are asked without it.
-        prefix = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
-        if prefix and self.is_vllm:
-            body.update(continue_final_message=True, add_generation_prompt=False)
-        elif prefix:
-            messages, prefix = messages[:-1], ""
         started = time.time()
         resp = await self.client.chat.completions.create(
             model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
             max_tokens=s.max_tokens, extra_body=body, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage
-        return Sample(texts=[prefix + (c.message.content or "") for c in choices],
+        return Sample(texts=[c.message.content or "" for c in choices],
                       finish_reasons=[c.finish_reason for c in choices],
                       prompt_tokens=usage.prompt_tokens if usage else None,
                       completion_tokens=usage.completion_tokens if usage else None,

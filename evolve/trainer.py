@@ -76,16 +76,13 @@ class Trainer:
     # ---- data ------------------------------------------------------------------------------
     def encode(self, group: Group, advantages: np.ndarray) -> Sequence:
         """Token ids as served when stored; otherwise the chat template and the text again."""
-        prefilled = group.messages[-1]["role"] == "assistant"  # the answer's start is prompt
         prompt = group.prompt_token_ids or self.tokenizer.apply_chat_template(
-            group.messages, add_generation_prompt=not prefilled, continue_final_message=prefilled,
-            tokenize=True, return_dict=False)
+            group.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         completions = []
         for r in group.rollouts:
             ids = r.token_ids
-            if ids is None:  # the text holds a prefilled start, which is part of the prompt here
-                text = r.text.removeprefix(group.messages[-1]["content"]) if prefilled else r.text
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if ids is None:
+                ids = self.tokenizer(r.text, add_special_tokens=False)["input_ids"]
                 if r.finish_reason == "stop":
                     ids = ids + [self.tokenizer.eos_token_id]
             completions.append(torch.tensor(ids or [self.tokenizer.eos_token_id]))

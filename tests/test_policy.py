@@ -3,7 +3,7 @@ from pathlib import Path
 
 from evolve.config import load_problem
 from evolve.code import apply_answer
-from evolve.policy import EXAMPLE_PROGRAM, REWRITE_PREFIX, build_messages, estimate_tokens
+from evolve.policy import EXAMPLE_PROGRAM, build_messages, estimate_tokens
 from evolve.schema import Program
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,47 +45,9 @@ def test_inspirations_dropped_to_fit_budget_but_parent_kept():
 def test_worked_example_is_a_valid_answer_in_the_format_asked():
     """The example turn must itself be a correct answer, or it teaches the wrong thing."""
     from evolve.code import split_answers
-    for fmt in ("diff", "rewrite"):
-        for m in (1, 3):
-            example = build_messages(PROBLEM, prog(0.8), [], m, 6000, fmt)[2]["content"]
-            answers = split_answers(example, m)
-            assert len(answers) == m
-            for answer in answers:
-                assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM
-                assert ("<<<<<<< SEARCH" in answer) == (fmt == "diff")
-
-
-def test_a_rewrite_starts_inside_its_code_block():
-    """One-answer rewrites are prefilled with the code fence (and its example starts the same way),
-    so a model cannot answer with a sentence alone; a continuation is a whole answer."""
-    msgs = build_messages(PROBLEM, prog(0.8), [], 1, 6000, "rewrite")
-    assert msgs[-1] == {"role": "assistant", "content": REWRITE_PREFIX}
-    assert msgs[2]["content"].startswith(REWRITE_PREFIX + "# ")
-    body = SEED.split("# EVOLVE-BLOCK-START\n")[1].split("# EVOLVE-BLOCK-END")[0]
-    answer = REWRITE_PREFIX + body.replace("stagger = 0.0", "stagger = 0.5") + "```"
-    assert "stagger = 0.5" in apply_answer(SEED, answer)
-    assert build_messages(PROBLEM, prog(0.8), [], 3, 6000, "rewrite")[-1]["role"] == "user"
-
-
-async def test_a_prefilled_answer_is_continued_by_vllm_and_dropped_for_other_servers():
-    from types import SimpleNamespace
-
-    from evolve.config import Policy
-    from evolve.policy import PolicyClient
-
-    sent = []
-
-    async def create(**kw):
-        sent.append(kw)
-        choice = SimpleNamespace(index=0, message=SimpleNamespace(content="x = 1\n```"), finish_reason="stop")
-        return SimpleNamespace(choices=[choice], usage=None)
-
-    msgs = build_messages(PROBLEM, prog(0.8), [], 1, 6000, "rewrite")
-    for embedded, continued in ((True, True), (False, False)):
-        server = {"embedded": embedded, "base_url": "http://127.0.0.1:9/v1"}
-        client = PolicyClient(Policy(name="p", model="m", server=server), "http://127.0.0.1:9/v1", "m")
-        client.client.chat.completions.create = create
-        sample = await client.sample(msgs, 1)
-        assert (sent[-1]["messages"][-1]["role"] == "assistant") == continued
-        assert bool((sent[-1]["extra_body"] or {}).get("continue_final_message")) == continued
-        assert sample.texts == [(REWRITE_PREFIX if continued else "") + "x = 1\n```"]
+    for m in (1, 3):
+        example = build_messages(PROBLEM, prog(0.8), [], m=m, max_prompt_tokens=6000)[2]["content"]
+        answers = split_answers(example, m)
+        assert len(answers) == m
+        for answer in answers:
+            assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM
