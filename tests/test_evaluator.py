@@ -8,10 +8,12 @@ import pytest
 from evolve.config import SandboxLimits, load_problem
 from evolve.evaluator import Evaluator
 from evolve.sandbox import ProcessSandbox, SandboxResult
+from scripted_run import SEED as GRID_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
-SEED = PROBLEM.resolve(PROBLEM.program).read_text()
+SHIPPED_SEED = PROBLEM.resolve(PROBLEM.program).read_text()
+SEED = GRID_SEED  # equal circles on a grid: its variants below edit its centres and radii
 SCORER_PATH = PROBLEM.resolve(PROBLEM.scorer)
 
 
@@ -25,8 +27,9 @@ def seed_variant(extra_lines: str) -> str:
     return SEED.replace("    return centers, radii", extra_lines + "\n    return centers, radii")
 
 
-async def test_seed_evaluates_ok(evaluator):
-    result = await evaluator.evaluate(SEED)
+@pytest.mark.parametrize("seed", [SHIPPED_SEED, GRID_SEED], ids=["shipped", "grid"])
+async def test_seed_evaluates_ok(evaluator, seed):
+    result = await evaluator.evaluate(seed)
     names = [c.name for c in PROBLEM.components]
     assert result.status == "ok", result.error
     assert list(result.components) == names and len(names) == 7

@@ -45,9 +45,11 @@ def test_inspirations_dropped_to_fit_budget_but_parent_kept():
 def test_worked_example_is_a_valid_answer_in_the_format_asked():
     """The example turn must itself be a correct answer, or it teaches the wrong thing."""
     from evolve.code import split_answers
-    for m in (1, 3):
-        example = build_messages(PROBLEM, prog(0.8), [], m=m, max_prompt_tokens=6000)[2]["content"]
-        answers = split_answers(example, m)
-        assert len(answers) == m
-        for answer in answers:
-            assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM
+    for fmt in ("diff", "rewrite"):
+        for m in (1, 3):
+            example = build_messages(PROBLEM, prog(0.8), [], m, 6000, fmt)[2]["content"]
+            answers = split_answers(example, m)
+            assert len(answers) == m
+            for answer in answers:
+                assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM
+                assert ("<<<<<<< SEARCH" in answer) == (fmt == "diff")

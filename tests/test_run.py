@@ -36,6 +36,14 @@ def server(tmp_path_factory):
         yield srv
 
 
+@pytest.fixture(scope="module")
+def grid_problem(tmp_path_factory) -> Path:
+    """Circle packing from the grid seed, whose lines the 0.5B model's diffs match, with tuning
+    off: these tests are about the run's plumbing (store, resume, interrupt), not the search."""
+    from scripted_run import write_problem
+    return write_problem(tmp_path_factory.mktemp("problem"), evaluations=10**6)
+
+
 @pytest.fixture
 def policy(tmp_path):
     path = tmp_path / "policy.yaml"
@@ -63,9 +71,9 @@ def snapshot(s: Session) -> dict:
             for p in s.scalars(select(Program)) if p.status != "pending"}
 
 
-def test_run_then_resume_with_real_server(server, policy, tmp_path):
+def test_run_then_resume_with_real_server(server, policy, grid_problem, tmp_path):
     run_dir = tmp_path / "run"
-    first = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2)
+    first = evolve("run", grid_problem, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "llm call budget reached" in first.stdout
     with db_session(run_dir) as s:
@@ -102,9 +110,9 @@ def test_run_then_resume_with_real_server(server, policy, tmp_path):
         assert [x.stop_reason for x in sessions] == ["llm call budget reached"] * 2
 
 
-def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, tmp_path):
+def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, grid_problem, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", str(PROBLEM), "--policy", str(policy),
+    proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", str(grid_problem), "--policy", str(policy),
                              "--run-dir", str(run_dir), "--max-llm-calls", "3"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
