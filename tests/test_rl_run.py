@@ -17,10 +17,11 @@ from evolve.hook import load_adapter
 from evolve.models import ensure_model
 from evolve.schema import Completion, LLMCall, PolicyVersion, TrainingStep
 from evolve.server import VLLMServer
-from tests.test_run import MODEL, PROBLEM, db_session, evolve
+from tests.test_run import MODEL, ROOT, db_session, evolve
 
 pytestmark = pytest.mark.real
 PORT = 8126
+HUMANEVAL = ROOT / "problems" / "humaneval.yaml"
 PROMPT = [{"role": "user", "content": "Write a Python function that packs circles in a unit square."}]
 
 
@@ -40,7 +41,7 @@ def policy(tmp_path):
 name: test-grpo
 model: {MODEL}
 server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
-sampling: {{temperature: 0.8, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
+sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
 answer_format: rewrite
 train: {{algorithm: grpo, train_every: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4}}
 """)
@@ -58,10 +59,10 @@ def first_tokens(server: VLLMServer, model: str) -> tuple[str, list[float]]:
 
 def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
     run_dir = tmp_path / "run"
-    # The shipped seed: nearly every valid rewrite of it scores differently (a reward signal);
-    # tuning off, so that every evaluation comes from the policy being trained.
-    first = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 3,
-                   "--set", "search.tuning.enabled=false")
+    # A HumanEval task the 0.5B model solves in some answers and not in others: a reward signal
+    # (on circle packing its answers now mostly fail or repeat the parent, and those earn nothing).
+    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 4,
+                   "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
     assert first.returncode == 0, first.stdout + first.stderr
     with db_session(run_dir) as s:
         steps = s.scalars(select(TrainingStep).order_by(TrainingStep.version)).all()
@@ -91,7 +92,7 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
     assert tuned_text != base_text or diff > 1e-3, (base_text, tuned_text, diff)
 
     # A resume serves the latest adapter again before its first call.
-    second = evolve("resume", run_dir, "--max-llm-calls", 4)
+    second = evolve("resume", run_dir, "--max-llm-calls", 5)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"resumed policy v{latest.version}" in second.stdout
     with db_session(run_dir) as s:
