@@ -17,9 +17,13 @@ Protocol on the container's attached stdin/stdout, the engine's only way in:
   replies:  frames of kind (1 byte), length (4 bytes, big-endian), payload:
             b"H" once, when ready;  b"R" results bytes, as the harness writes them;
             b"E" at the end: JSON {"exit": code or -signal, "run_s": seconds from fork
-                                   to exit, "log_tail": str, "clean": bool, "why": str}.
-"clean" means no process of the candidate is left and /work, /dev/shm and /dev/mqueue are
-empty again; otherwise the engine replaces the container.
+                                   to exit, "log_tail": str, "clean": bool, "why": str,
+                                   "oom_kills": int, and "fault": str if it failed}.
+"clean" means no thread of the candidate's uid is left (in any state), /work, /dev/shm and
+/dev/mqueue are empty again and have the owner and mode they started with; otherwise the
+engine replaces the container. "fault" (with "clean": false) means the launcher itself failed,
+e.g. could not start the harness: the engine retries the candidate in a fresh container.
+"oom_kills": how many processes the memory limit killed during the run (-1: unknown).
 """
 import json
 import os
@@ -35,6 +39,7 @@ CANDIDATE_ID = 65534  # nobody / nogroup
 WORKDIR = "/work"
 WIPED = ("/work", "/dev/shm", "/dev/mqueue")
 PYTHON = "/usr/bin/python3"
+KILL_ROUNDS = 8  # kill, look again: about 0.5 s in all before the container is given up
 
 
 def send(kind, payload=b""):
@@ -43,31 +48,49 @@ def send(kind, payload=b""):
 
 
 def main():
+    global MOUNTS
+    MOUNTS = mount_state()  # as the engine made them; checked after every candidate
     send(b"H")
     for line in sys.stdin.buffer:
         try:
             report = evaluate(json.loads(line))
         except Exception as exc:  # e.g. fork failing: say why; the engine replaces us
-            report = {"exit": None, "log_tail": "", "clean": False, "why": repr(exc)}
+            report = {"exit": None, "log_tail": "", "clean": False, "why": repr(exc),
+                      "fault": f"the launcher failed: {exc!r}"}
         send(b"E", json.dumps(report).encode())
 
 
 def evaluate(request):
     results_r, results_w = os.pipe()
+    failed_r, failed_w = os.pipe2(os.O_CLOEXEC)  # closed by the exec: empty unless it failed
+    oom_before = oom_kills()
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        start_harness(request, results_w)  # never returns
+        os.close(failed_r)
+        start_harness(request, results_w, failed_w)  # never returns
     os.close(results_w)
+    os.close(failed_w)
+    failed = read_all(failed_r)  # returns at the exec (or the failure), not at the exit
     status = relay(results_r, pid)
     run_s = time.monotonic() - start
     os.close(results_r)
-    left = leftovers()
-    report = clean_up(request["log_tail"], wipe=not left)
-    if left:
-        report["why"] = f"{len(left)} process(es) left behind"
+    if failed:  # our machinery, not the candidate: the engine retries it in a fresh container
+        return {"exit": status, "fault": failed.decode(errors="replace"), "clean": False,
+                "log_tail": "", "why": "the launcher could not start the harness"}
+    why = kill_candidate()
+    report = clean_up(request["log_tail"], wipe=not why)
+    why = why or report["why"] or kill_candidate() or mounts_changed()
     return {"exit": status, "run_s": run_s, "log_tail": report["log_tail"],
-            "clean": not left and report["why"] == "", "why": report["why"]}
+            "oom_kills": oom_kills() - oom_before, "clean": not why, "why": why}
+
+
+def read_all(fd):
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def become_candidate():
@@ -76,8 +99,9 @@ def become_candidate():
     os.setuid(CANDIDATE_ID)  # drops every capability; no-new-privileges keeps them dropped
 
 
-def start_harness(request, results_w):
-    """In the forked child: become the candidate's user and exec a fresh harness."""
+def start_harness(request, results_w, failed_w):
+    """In the forked child: become the candidate's user and exec a fresh harness. A failure
+    before the exec is reported on failed_w (a close-on-exec pipe)."""
     try:
         with open("/proc/self/oom_score_adj", "w") as adj:
             adj.write("1000")  # out of memory, the kernel kills the candidate, not us
@@ -100,7 +124,7 @@ def start_harness(request, results_w):
         os.dup2(results_w, 1)
         os.execve(PYTHON, ["python3", "-I", "-c", HARNESS_SOURCE], request["env"])
     except BaseException as exc:
-        os.write(2, f"sandbox launcher: could not start the harness: {exc!r}\n".encode())
+        os.write(failed_w, f"could not start the harness: {exc!r}".encode())
     finally:
         os._exit(127)
 
@@ -133,20 +157,89 @@ def relay(results_r, pid):
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def leftovers():
-    """Live processes besides tini (pid 1) and this launcher: the candidate's, if any."""
+def candidate_tasks():
+    """Every thread of the candidate's uid, in any state: a zombie leader whose other threads
+    still run shows as Z, so threads are looked at one by one (/proc/PID/task/TID)."""
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (1, os.getpid()):
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as stat_file:
-                state = stat_file.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue  # gone while we looked
-        if state != "Z":
-            found.append(int(name))
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as status:
+                    uids = next(line for line in status if line.startswith("Uid:")).split()[1:]
+            except (OSError, StopIteration):
+                continue
+            if str(CANDIDATE_ID) in uids:
+                found.append(f"{pid}/{tid}")
     return found
+
+
+def kill_candidate():
+    """Kill every process of the candidate's uid; '' once /proc shows none, else why not.
+
+    kill(-1, SIGKILL) sent as that uid reaches each of its processes, whatever their session,
+    group or state, and nothing else (the launcher and tini are root). tini reaps them.
+    """
+    for attempt in range(KILL_ROUNDS):
+        tasks = candidate_tasks()
+        if not tasks:
+            return ""
+        as_candidate(lambda: os.kill(-1, 9))
+        time.sleep(0.002 * 2 ** attempt)
+    return f"{len(tasks)} thread(s) of the candidate survived SIGKILL" if candidate_tasks() else ""
+
+
+def as_candidate(action):
+    """Run action() in a forked child that has become the candidate's user; wait for it."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            become_candidate()
+            action()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def oom_kills():
+    """The container's OOM kill count (cgroup v2, then v1); -1 where neither can be read."""
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"),
+                      ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            with open(path) as events:
+                for line in events:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return -1
+
+
+def mount_state():
+    """Owner and mode of every place a candidate may write, as the next candidate needs it."""
+    state = {}
+    for folder in WIPED:
+        try:
+            st = os.lstat(folder)
+            state[folder] = (st.st_uid, st.st_gid, stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode))
+        except OSError:
+            state[folder] = None
+    return state
+
+
+def mounts_changed():
+    """'' if every writable mount is as the container started; else which one is not."""
+    now = mount_state()
+    for folder, (uid, gid, kind, mode) in ((f, s) for f, s in MOUNTS.items() if s is not None):
+        if now[folder] != (uid, gid, kind, mode):
+            return f"{folder} changed owner or mode"
+    return ""
 
 
 def clean_up(tail_bytes, wipe):
@@ -191,7 +284,12 @@ def read_tail(path, size):
 
 
 def wipe_all():
-    """Empty every place a candidate can write; '' if that worked, else the reason."""
+    """Empty every place a candidate can write; '' if that worked, else the reason. /work is
+    ours (uid 65534): a candidate may have made it read-only, so its mode is reset first."""
+    try:
+        os.chmod(WORKDIR, MOUNTS[WORKDIR][3])
+    except (OSError, TypeError) as exc:
+        return f"could not reset the mode of {WORKDIR}: {exc}"
     for folder in WIPED:
         if not os.path.isdir(folder):
             continue

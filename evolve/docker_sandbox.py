@@ -18,10 +18,13 @@ Every pool container has:
 The engine's environment never enters the container; the harness gets a minimal one.
 
 Nothing persists between candidates. After each harness exits, the launcher (which the
-candidate can neither signal nor ptrace) checks that no other process is left, and a helper
-running as 65534 empties /work, /dev/shm and /dev/mqueue and checks SysV IPC. Only then is
-the container lent again; anything left over, a timeout, output over the cap or a lost
-connection gets it killed and replaced.
+candidate can neither signal nor ptrace) kills every process of uid 65534 in any state and
+checks every thread in /proc; a helper running as 65534 resets the mode of /work, empties
+/work, /dev/shm and /dev/mqueue and checks SysV IPC; and every writable mount must have the
+owner and mode it started with. Only then is the container lent again; anything it cannot
+prove clean, a timeout, output over the cap or a lost connection gets it killed and
+replaced. A failure of the launcher itself (it could not start the harness) is retried in a
+fresh container and, if it persists, is a sandbox fault: never the candidate's result.
 
 Docker going away: a failing engine call makes the evaluation an `error` whose detail says
 so; dead containers are replaced as they are met, so the pool rebuilds itself once the
@@ -51,7 +54,8 @@ from docker.types import LogConfig, Ulimit
 
 from evolve.config import SandboxLimits
 from evolve.sandbox import (DRAIN_S, FILE_SIZE_LIMIT, HARNESS_SOURCE, LOG_TAIL_BYTES, Collected,
-                            SandboxResult, append_results, build_result, candidate_environment)
+                            SandboxResult, SandboxUnavailable, append_results, build_result,
+                            candidate_environment)
 from evolve.sandbox_image import DEFAULT_MIRROR, BuildError, build_image, image_tag
 
 LAUNCHER_SOURCE = (Path(__file__).parent / "docker_launcher.py").read_text()
@@ -76,12 +80,8 @@ ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcep
 CONTAINER_RETRIES = 2  # a container that dies mid-run (not by our hand) is tried again this often
 
 
-class DockerUnavailable(Exception):
+class DockerUnavailable(SandboxUnavailable):
     """The Docker engine cannot be used (not reachable, image missing, no container)."""
-
-    def __init__(self, reason: str, permanent: bool = False):
-        super().__init__(reason)
-        self.permanent = permanent  # the image is missing: waiting for the engine will not help
 
 
 def connect(base_url: str | None = None, timeout: float = API_TIMEOUT_S) -> docker.DockerClient:
@@ -161,8 +161,11 @@ class DockerSandbox:
             talk = await self._converse(box, request.encode() + b"\n")
             # A container killed under the candidate (a dockerd restart, `docker kill`) tells
             # nothing about it: try again in a fresh one. Only dying every time is its doing.
-            if not talk.died or attempt == CONTAINER_RETRIES:
+            # The launcher failing to start the harness is never the candidate's doing.
+            if not (talk.died or talk.fault) or attempt == CONTAINER_RETRIES:
                 break
+        if talk.fault:
+            talk.collected.fault = f"sandbox launcher: {talk.fault}"
         return build_result(talk.collected, cases, talk.log_tail, self.limits, start)
 
     async def _converse(self, box: _Box, request: bytes) -> _Talk:
@@ -264,10 +267,13 @@ class _Talk:
     lost: str = ""  # why the stream broke, if it did
     done: bool = False  # the harness sent its last line
     died: bool = False  # the container died under a candidate that had not finished
+    fault: str = ""  # the launcher's own machinery failed (e.g. it could not start the harness)
 
     def finish(self, report: dict) -> None:
         self.collected.returncode = report.get("exit")
         self.collected.program_s = report.get("run_s")
+        self.collected.oom_killed = _oom(report.get("oom_kills"))
+        self.fault = str(report.get("fault") or "")
         self.log_tail = str(report.get("log_tail", ""))[-LOG_TAIL_BYTES:]
         self.reusable = report.get("clean") is True
         if report.get("why"):
@@ -534,6 +540,11 @@ def remove_leftovers(client: docker.DockerClient) -> int:
 
 
 # ---- messages ----------------------------------------------------------------------------
+def _oom(kills) -> bool | None:
+    """Whether the memory limit killed something during the run; None: the cgroup was unreadable."""
+    return kills > 0 if isinstance(kills, int) and kills >= 0 else None
+
+
 def _engine_gone(exc: BaseException) -> str:
     return (f"Docker engine unreachable ({_short(exc)}); the sandbox pool is rebuilt "
             "when it is back")
