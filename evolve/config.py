@@ -26,6 +26,9 @@ class Component(Strict):
     """One entry of the vector fitness: the scorer's value for one case."""
     name: str
     args: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the entry point
+    # Arguments for the trusted scorer alone (expected values, the test's source): never sent
+    # into the sandbox. The scorer gets args and judge merged.
+    judge: dict[str, Any] = Field(default_factory=dict)
     reference: float = Field(gt=0)  # the raw value is divided by this (maximize)
     goal: Literal["maximize", "minimize"] = "maximize"  # minimize: the component is reference / raw
     source: str = ""  # where the reference comes from
@@ -53,9 +56,9 @@ class Descriptor(Strict):
 
 
 class SandboxLimits(Strict):
-    # auto: Docker where an engine and the sandbox image are ready, else the process backend
-    # (with one line saying so); docker / process force one (docker fails if it cannot run).
-    backend: Literal["auto", "docker", "process"] = "auto"
+    # docker: the jail (a run fails with the reason where Docker cannot run). process: an
+    # explicit opt-in to run candidates on this host, which is not a jail (README, Sandbox).
+    backend: Literal["docker", "process"] = "docker"
     timeout_s: float = Field(default=30.0, gt=0)
     memory_mb: int = Field(default=1024, ge=64)
     cpus: float = Field(default=1.0, gt=0)

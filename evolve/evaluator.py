@@ -80,7 +80,7 @@ class Evaluator:
                 reasons[name] = result.case_errors.get(name, "no result")
                 continue
             try:
-                value = float(self.scorer.score(component.args, result.outputs[name]))
+                value = float(self.scorer.score({**component.args, **component.judge}, result.outputs[name]))
                 if not math.isfinite(value):
                     raise ValueError(f"scorer returned {value!r}")
                 raw[name] = value

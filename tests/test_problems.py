@@ -1,10 +1,10 @@
 """The problem suite: every shipped problem's scorer, HumanEval's test splitting and judging,
 templates and --set, `evolve check` on every problem, and the target that stops a run.
 
-Judging goes through the real sandbox (Docker where it is ready; the process backend for the
-hostile-candidate checks that only concern the trust boundary in the engine).
+Judging goes through the real sandbox (Docker).
 """
 import asyncio
+import json
 import importlib.util
 import math
 import re
@@ -72,21 +72,22 @@ def test_one_component_per_assert(tid):
     problem = task(tid)
     assert len(problem.components) == asserts_in_check(tid) > 0
     assert [c.name for c in problem.components] == [f"test_{i:02d}" for i in range(1, len(problem.components) + 1)]
-    assert all(c.reference == 1.0 and c.args["function"] == problem.entry_point for c in problem.components)
+    assert all(c.reference == 1.0 and c.judge["function"] == problem.entry_point for c in problem.components)
 
 
 def test_known_counts_and_setup_lines():
     assert len(task("HumanEval/0").components) == 7
     loop = task("HumanEval/32").components
-    assert len(loop) == 1 and "rng = random.Random(42)" in loop[0].args["setup"]
-    assert loop[0].args["test"].startswith("for _ in range(100):")
+    assert len(loop) == 1 and "rng = random.Random(42)" in loop[0].judge["setup"]
+    assert loop[0].judge["test"].startswith("for _ in range(100):")
+    assert len(loop[0].args["calls"]) == 100  # the loop's calls, recorded on the canonical solution
 
 
 def test_padding_asserts_that_never_call_the_candidate_are_left_out():
     padded = [t for t, row in template.dataset().items() if "assert True" in row["test"]]
     assert padded, "HumanEval pads some tests with assert True"
     for tid in padded[:5]:
-        assert all("assert True" not in c.args["test"] for c in task(tid).components)
+        assert all("assert True" not in c.judge["test"] for c in task(tid).components)
 
 
 def test_seed_is_the_prompt_with_an_empty_body_inside_the_evolve_block():
@@ -134,7 +135,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_candidate_cannot_make_an_assert_pass(name):
-    result = evaluate(task("HumanEval/0", "process"), HOSTILE[name])
+    result = evaluate(task("HumanEval/0"), HOSTILE[name])
     assert result.objective == 0.0, (name, result.components)
 
 
@@ -144,14 +145,54 @@ def test_a_candidate_that_uses_random_or_mutates_its_input_is_judged_fairly():
     tid = "HumanEval/38"
     code = canonical(tid) + "\nimport random\n_orig = decode_cyclic\n" \
         "def decode_cyclic(s):\n    random.random()\n    return _orig(s)\n"
-    assert evaluate(task(tid, "process"), code).objective == 1.0
+    assert evaluate(task(tid), code).objective == 1.0
     tid = "HumanEval/33"
     code = canonical(tid) + "\n_orig = sort_third\ndef sort_third(l):\n    out = _orig(l)\n    l.clear()\n    return out\n"
-    assert evaluate(task(tid, "process"), code).objective == 1.0
+    assert evaluate(task(tid), code).objective == 1.0
+
+
+def test_only_the_inputs_enter_the_sandbox():
+    # What the sandbox receives holds the calls' arguments, never the test's source or its
+    # expected values (which a candidate could read by walking up the stack).
+    for tid in ("HumanEval/0", "HumanEval/32", "HumanEval/38"):
+        problem = task(tid)
+        driver = (PROBLEMS / "humaneval" / "driver.py").read_text()  # the same for every task
+        cases = problem.cases()
+        assert all(case.pop("driver") == driver for case in cases)
+        sent = json.dumps(cases)
+        assert "assert" not in sent and "candidate" not in sent, tid
+        for c in problem.components:
+            assert set(c.args) == {"calls"} and "assert" in c.judge["test"]
+    first = task("HumanEval/0").components[0]
+    assert first.args["calls"] == ["(([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), [])"]
+
+
+# Walks every frame and every string in the sandbox for the test's expected values.
+STACK_WALKER = """
+import gc, sys
+def has_close_elements(numbers, threshold):
+    seen = []
+    frame = sys._getframe()
+    while frame is not None:
+        seen += [repr(v) for v in frame.f_locals.values()]
+        frame = frame.f_back
+    seen += [o for o in gc.get_objects() if isinstance(o, str)]
+    leaks = [s for s in seen if "== True" in s or "== False" in s]
+    if leaks:
+        raise ValueError(f"leaks: {len(leaks)}: {leaks[0][:80]}")
+    return False
+"""
+
+
+def test_a_candidate_that_walks_the_stack_finds_no_expected_values(docker_ready):
+    result = evaluate(task("HumanEval/0"), STACK_WALKER)
+    assert result.status == "ok" and "leaks" not in (result.error or ""), result.error
+    assert 0 < result.objective < 1.0  # right only where the answer is False
 
 
 def test_scorer_replays_calls_and_rejects_malformed_output():
-    args = task("HumanEval/0").components[0].args  # candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    first = task("HumanEval/0").components[0]  # candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    args = {**first.args, **first.judge}
     call = "(([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), [])"
     assert he_scorer.score(args, [{"call": call, "result": "True"}]) == 1.0
     assert he_scorer.score(args, [{"call": call, "result": "False"}]) == 0.0
@@ -257,7 +298,6 @@ def test_check_fails_for_a_seed_that_fails_its_scorer(tmp_path):
     data = yaml.safe_load((PROBLEMS / "circle_packing_32.yaml").read_text())
     data.update(program_code="def construct_packing(n):\n    return [[0.5, 0.5]] * n, [0.5] * n\n",
                 program=None, scorer=str(PROBLEMS / "circle_packing" / "scorer.py"))
-    data["sandbox"]["backend"] = "process"
     path = tmp_path / "overlapping.yaml"
     path.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "evolve.cli", "check", str(path)], cwd=ROOT,
@@ -291,7 +331,7 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
     from evolve.controller import Controller
     from evolve.runner import open_database
 
-    problem = task("HumanEval/0", "process")
+    problem = task("HumanEval/0")
     assert problem.budget.target_objective == 1.0
     budget = problem.budget.model_copy(update={"max_evaluations": 50, "llm_concurrency": 1})
     policy_path = write_policy(tmp_path)

@@ -1,18 +1,22 @@
-"""Trusted driver for HumanEval test cases: the same code runs on both sides of the sandbox.
+"""Trusted driver for HumanEval test cases: what runs on each side of the sandbox.
 
-In the sandbox, the harness calls drive(entry, **args) with the candidate's function: the
-test case runs against it and every call is recorded as plain data (the arguments and the
-repr of what came back, or the exception). Nothing is judged there.
+Only inputs enter the sandbox. In the engine, the template runs each test case once against
+the task's canonical solution (trusted dataset code) and records the calls the test makes:
+their arguments, as Python literals (record_calls). A case's sandbox arguments are those
+calls and nothing else; the test's source, with its expected values, stays in the engine.
 
-In the engine, the trusted scorer runs the same test case again with `candidate` replaced by
-a replay of those records (replay_calls): the dataset's own assert decides, on values parsed
-with ast.literal_eval. A candidate can therefore only pass by returning the right values;
-it cannot make an assert pass by patching builtins, exiting early or printing "passed".
+In the sandbox, the harness calls drive(entry, calls) with the candidate's function: each
+recorded call is made on it and answered as plain data (the repr of what came back, or the
+exception). Nothing is judged there, and there is nothing to read that would say what is right.
 
-Both sides seed `random` the same way and the candidate's own use of `random` is hidden from
-the test (the state is restored around every call), so tests that draw random inputs make
-the same calls on both sides. Arguments are deep-copied before the candidate sees them: a
-candidate that mutates its input cannot change what the test checks next.
+In the engine, the trusted scorer runs the test case with `candidate` replaced by a replay of
+those answers (replay_calls): the dataset's own assert decides, on values parsed with
+ast.literal_eval. A candidate can therefore only pass by returning the right values; it
+cannot make an assert pass by patching builtins, exiting early or printing "passed".
+
+The test seeds `random` the same way whenever it runs, so tests that draw random inputs make
+the same calls when recorded and when replayed. Arguments are deep-copied before a function
+sees them: a candidate that mutates its input cannot change what is checked next.
 """
 import ast
 import copy
@@ -42,28 +46,44 @@ def call_key(args, kwargs):
     return repr((args, sorted(kwargs.items())))
 
 
-def drive(entry, function, prelude, setup, test):
-    """Sandbox side: run the test against the real candidate; return the calls it made."""
+def drive(entry, calls):
+    """Sandbox side: make each recorded call on the candidate; return its answers."""
+    answers = []
+    for key in calls:
+        record = {"call": key}
+        answers.append(record)
+        args, kwargs = ast.literal_eval(key)
+        try:
+            record["result"] = repr(entry(*args, **dict(kwargs)))
+        except Exception as exc:
+            record["error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+    return answers
+
+
+class NotLiteral(Exception):
+    """A test input that does not survive repr -> ast.literal_eval: it cannot be sent."""
+
+
+def record_calls(solution, function, prelude, setup, test):
+    """Engine side: the calls one test case makes, run against a trusted solution."""
     calls = []
 
     def candidate(*args, **kwargs):
-        record = {"call": call_key(args, kwargs)}
-        calls.append(record)
+        key = call_key(args, kwargs)
+        try:
+            same = ast.literal_eval(key) == (args, sorted(kwargs.items()))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            same = False
+        if not same:
+            raise NotLiteral(key[:200])
+        calls.append(key)
         state = random.getstate()
         try:
-            result = entry(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            record["result"] = repr(result)
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-            raise
+            return solution(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         finally:
             random.setstate(state)
-        return result
 
-    try:
-        run_test(candidate, function, prelude, setup, test)
-    except Exception:
-        pass  # the verdict is the engine's: it replays these calls against the same assert
+    run_test(candidate, function, prelude, setup, test)
     return calls
 
 

@@ -8,6 +8,10 @@ Splitting: every top-level statement of check() that contains an assert and call
 candidate is one test case (a loop of asserts over random inputs is one case). The other
 statements (imports, constants) run before every case; asserts that never call the candidate
 (HumanEval pads a few tests with `assert True`) test nothing and are left out.
+
+Only inputs enter the sandbox: each case's arguments are the calls its test makes, recorded
+here against the canonical solution (driver.record_calls). The test's source, which holds
+the expected values, goes to the trusted scorer alone (the component's `judge`).
 """
 from __future__ import annotations
 
@@ -17,8 +21,13 @@ import json
 import re
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 from evolve.config import ConfigError
+
+# The driver's record_calls runs here, in the engine, on the canonical solution (trusted).
+_driver: dict = {}
+exec(compile((Path(__file__).parent / "driver.py").read_text(), "driver.py", "exec"), _driver)
 
 
 @lru_cache(maxsize=1)
@@ -78,9 +87,26 @@ def expand(data: dict) -> dict:
     data.setdefault("description", _description(tid, row, len(cases)))
     data.setdefault("components", [
         {"name": f"test_{i:02d}", "reference": 1.0, "source": f"{tid}, assert {i} of check()",
-         "args": {"function": row["entry_point"], "prelude": row["prompt"], **case}}
-        for i, case in enumerate(cases, 1)])
+         "args": {"calls": calls}, "judge": judge}
+        for i, (calls, judge) in enumerate(_recorded(tid, json.dumps(row), json.dumps(cases)), 1)])
     return data
+
+
+@lru_cache(maxsize=8)
+def _recorded(tid: str, row_key: str, cases_key: str) -> list:
+    row, cases = json.loads(row_key), json.loads(cases_key)
+    namespace: dict = {}
+    exec(compile(row["prompt"] + row["canonical_solution"], tid, "exec"), namespace)
+    out = []
+    for i, case in enumerate(cases, 1):
+        judge = {"function": row["entry_point"], "prelude": row["prompt"], **case}
+        try:
+            calls = _driver["record_calls"](namespace[row["entry_point"]], **judge)
+        except _driver["NotLiteral"] as exc:
+            raise ConfigError(f"field 'task': {tid} assert {i} calls the function with an argument "
+                              f"that is not a plain Python literal ({exc}); only such tasks are supported") from None
+        out.append((calls, judge))
+    return out
 
 
 def _description(tid: str, row: dict, n: int) -> str:
