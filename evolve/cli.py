@@ -35,9 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sandbox_down(exc: Exception) -> bool:
-    """DockerUnavailable, without importing the Docker SDK for commands that never use it."""
-    module = sys.modules.get("evolve.docker_sandbox")
-    return module is not None and isinstance(exc, module.DockerUnavailable)
+    from .sandbox import SandboxUnavailable
+    return isinstance(exc, SandboxUnavailable)
 
 
 class RunDirError(Exception):

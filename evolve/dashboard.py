@@ -29,7 +29,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .events import Event
+from .events import Event, printable
 from .snapshot import RunReader, Snapshot
 
 REFRESH_S = 1.0  # one frame a second: the clock ticks, and the CPU cost stays ~1 % (see benchmarks)
@@ -108,6 +108,14 @@ def outages(events) -> list[str]:
         attempt = f", attempt {last.fields['attempt']}" if "attempt" in last.fields else ""
         lines.append(f"⚠ {label} DOWN since {since}{attempt}: {reason} (the run waits; nothing is lost)")
     return lines
+
+
+def sandbox_warning(s: Snapshot) -> list[str]:
+    """A standing line while candidates run in the process backend, which is not a jail."""
+    if s.backend != "process":
+        return []
+    return ["⚠ sandbox: the process backend is not a jail: candidates run on this host "
+            "(README, Sandbox; sandbox.backend: docker for the jail)"]
 
 
 def header(s: Snapshot, hint: str = "", fixed: bool = False, alerts: list[str] = ()) -> Panel:
@@ -325,7 +333,7 @@ def events_panel(events, lines: int = 8, height: int | None = None) -> Panel:
         if e.kind != "log":  # a line of an old evolve.log carries its own time stamp
             text.append(time.strftime("%H:%M:%S ", time.localtime(e.time)), style="dim")
             text.append(f"{e.kind:<9} ", style=KIND_STYLE.get(e.kind, "bold"))
-        text.append(e.message.splitlines()[0] if e.message else "", style=KIND_STYLE.get(e.kind, ""))
+        text.append(printable(e.message.splitlines()[0]) if e.message else "", style=KIND_STYLE.get(e.kind, ""))
         if i < len(shown) - 1:
             text.append("\n")
     return Panel(text if shown else Text("no events yet", style="dim"), title="recent events",
@@ -370,7 +378,7 @@ def with_best_events(events, s: Snapshot) -> list[Event]:
 
 def stacked(s: Snapshot, events, view: View | None = None) -> Group:
     """Every panel, one under the other: for `--once`, `status` and tests (nothing is cropped)."""
-    alerts = outages(events) if s.state == "running" else []
+    alerts = (outages(events) + sandbox_warning(s)) if s.state == "running" else []
     events = with_best_events(events, s)
     return Group(header(s, alerts=alerts), islands_panel(s), heatmap_panel(s, view), best_panel(s), throughput_panel(s),
                  rl_panel(s), events_panel(events))
@@ -390,7 +398,7 @@ def screen(s: Snapshot, events, view: View | None = None, hint: str = "") -> Lay
                        Layout(rl_panel(s)))
     body = Layout(name="body", size=body_rows)
     body.split_row(left, right)
-    alerts = outages(events) if s.state == "running" else []
+    alerts = (outages(events) + sandbox_warning(s)) if s.state == "running" else []
     events = with_best_events(events, s)
     root = Layout()
     root.split_column(Layout(header(s, hint, fixed=True, alerts=alerts), size=4 + bool(hint) + len(alerts)), body,

@@ -64,8 +64,9 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple
             hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
-        report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}",
-                     {"backend": evaluator.sandbox.backend}))
+        warning = getattr(evaluator.sandbox, "warning", "")  # the process backend: not a jail
+        report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}" + (f" ({warning})" if warning else ""),
+                     {"backend": evaluator.sandbox.backend, "warning": warning}))
         controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report, hook)
         return asyncio.run(_run(controller, client))
 

@@ -174,6 +174,7 @@ class Snapshot:
     throughput: Throughput
     rl: RLStatus
     operators: dict  # origin (mutation | tuned) -> OperatorRates
+    backend: str = ""  # the sandbox of the latest evaluation (docker | process)
 
     @property
     def valid_diff_rate(self) -> float | None:
@@ -213,6 +214,7 @@ class _Acc:
     recent_trials: deque = field(default_factory=deque)  # (end time, trials) of finished tunings
     outcomes: dict = field(default_factory=dict)  # (origin, outcome) -> evaluated children
     trials: int = 0
+    backend: str = ""
     last_activity: float = 0.0
 
 
@@ -226,6 +228,7 @@ class RunReader:
         self.run_id: int | None = None
         self.acc = _Acc()
         self._tables: set[str] = set()
+        self._beats: bool | None = None  # sessions.heartbeat_at exists (revision 0004)
         self._best_detail: Best | None = None
 
     # -- connection ---------------------------------------------------------------------------
@@ -345,7 +348,7 @@ class RunReader:
         # A tuned child's evaluation stands for all the trials of its tuning (same commit).
         trials = Tuning.trials if self._has("tunings") else text("NULL AS trials")
         query = (select(Evaluation.id, Evaluation.status, Evaluation.started_at, Evaluation.elapsed_s,
-                        Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
+                        Evaluation.backend, Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
                         Program.headline, trials)
                  .join(Program, Program.id == Evaluation.program_id))
         if self._has("tunings"):
@@ -356,6 +359,7 @@ class RunReader:
             acc.last_evaluation = row.id
             if row.run_id != self.run_id:
                 continue
+            acc.backend = row.backend
             end = row.started_at + row.elapsed_s
             if row.origin == "mutation":
                 acc.evaluations += 1
@@ -397,13 +401,20 @@ class RunReader:
         cells = conn.execute(select(Cell.island, Cell.cell, Cell.objective).where(Cell.run_id == rid)).all()
         islands = conn.execute(select(Island.island, Island.generation, Island.last_migration)
                                .where(Island.run_id == rid).order_by(Island.island)).all()
-        sessions = conn.execute(select(RunSession.started_at, RunSession.ended_at, RunSession.stop_reason)
+        beat = RunSession.heartbeat_at if self._heartbeats(conn) else text("NULL AS heartbeat_at")
+        sessions = conn.execute(select(RunSession.started_at, RunSession.ended_at, RunSession.stop_reason, beat)
                                 .where(RunSession.run_id == rid).order_by(RunSession.id)).all()
         version = conn.execute(select(PolicyVersion.version, PolicyVersion.adapter_path)
                                .where(PolicyVersion.run_id == rid)
                                .order_by(PolicyVersion.version.desc()).limit(1)).first()
         return {"cells": cells, "islands": islands, "sessions": sessions, "version": version,
                 "training": self._read_training(conn)}
+
+    def _heartbeats(self, conn) -> bool:
+        """Whether sessions have heartbeats (revision 0004 on)."""
+        if self._beats is None:
+            self._beats = any(c["name"] == "heartbeat_at" for c in inspect(conn).get_columns("sessions"))
+        return self._beats
 
     def _has(self, table: str) -> bool:
         """Whether the schema has this table yet (a run from an older evolve may not)."""
@@ -454,7 +465,7 @@ class RunReader:
             rl=RLStatus(trains=self.algorithm is not None, algorithm=self.algorithm,
                         steps=steps, version=version.version if version else 0,
                         adapter=version.adapter_path if version else None, train_s=spent, last=last),
-            operators=self._operators())
+            operators=self._operators(), backend=acc.backend)
 
     def _operators(self) -> dict:
         out = {}
@@ -532,8 +543,10 @@ def _session_state(sessions, now: float) -> tuple[str, float, bool]:
     """(state, wall time summed over sessions, whether a session is open)."""
     if not sessions:
         return "starting", 0.0, True
-    elapsed = sum((s.ended_at or now) - s.started_at for s in sessions)
     last = sessions[-1]
+    # An earlier session that never ended was killed: it counts up to its last heartbeat.
+    elapsed = sum((s.ended_at or (now if s is last else s.heartbeat_at or s.started_at)) - s.started_at
+                  for s in sessions)
     if last.ended_at is None:
         return "running", elapsed, True
     return f"stopped: {last.stop_reason}", elapsed, False

@@ -1,6 +1,6 @@
 """A real run for the dashboard and export tests, made in seconds.
 
-Everything is the real engine (Controller, ProgramDatabase on SQLite, EventLog, the process
+Everything is the real engine (Controller, ProgramDatabase on SQLite, EventLog, the Docker
 sandbox, the circle-packing scorer) except the LLM: a scripted client answers with a fixed
 rotation of diffs against the seed, chosen to produce every outcome a dashboard shows
 (improvements, worse and duplicate children, invalid, error, timeout, failed mutations,
@@ -21,7 +21,6 @@ from evolve.evaluator import Evaluator
 from evolve.events import EventLog
 from evolve.policy import Sample
 from evolve.runner import open_database
-from evolve.sandbox import ProcessSandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = ROOT / "problems" / "circle_packing.yaml"
@@ -109,12 +108,12 @@ class ScriptedClient:
 
 
 def write_problem(folder: Path, evaluations: int, tuning: dict | None = None) -> Path:
-    """The circle-packing problem on SEED with the process sandbox; tuning off unless given."""
+    """The circle-packing problem on SEED in the Docker sandbox; tuning off unless given."""
     data = yaml.safe_load(PROBLEM.read_text())
     del data["program"]
     data["program_code"] = SEED
     data["scorer"] = str(PROBLEM.parent / data["scorer"])
-    data["sandbox"] = {"backend": "process", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}
+    data["sandbox"] = {"backend": "docker", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}
     data["search"].update(islands=2, migration_every=2, tuning=tuning or {"enabled": False})
     data["budget"] = {"max_evaluations": evaluations, "llm_concurrency": 1, "eval_concurrency": 2}
     path = folder / "problem.yaml"
@@ -141,11 +140,13 @@ def make_run(run_dir: Path, evaluations: int = 14, tuning: dict | None = None) -
     problem, policy = load_problem(problem_path), load_policy(policy_path)
     db = open_database(spec, problem, policy, run_dir)
     try:
-        evaluator = Evaluator(problem, sandbox=ProcessSandbox(problem.sandbox))
+        evaluator = Evaluator(problem)
         with EventLog(run_dir, lambda event: None) as log:
             controller = Controller(problem, policy, db, evaluator, ScriptedClient(), problem.budget, 0, log)
             asyncio.run(controller.run())
     finally:
+        if "evaluator" in locals():
+            evaluator.sandbox.close()
         db.close()
     return run_dir
 

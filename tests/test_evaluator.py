@@ -7,7 +7,8 @@ import pytest
 
 from evolve.config import SandboxLimits, load_problem
 from evolve.evaluator import Evaluator
-from evolve.sandbox import ProcessSandbox, SandboxResult
+from evolve.docker_sandbox import DockerSandbox
+from evolve.sandbox import SandboxResult
 from scripted_run import SEED as GRID_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,8 +19,10 @@ SCORER_PATH = PROBLEM.resolve(PROBLEM.scorer)
 
 
 @pytest.fixture(scope="module")
-def evaluator():
-    return Evaluator(PROBLEM, ProcessSandbox(SandboxLimits(timeout_s=10, memory_mb=1024)))
+def evaluator(docker_ready):
+    box = DockerSandbox(SandboxLimits(timeout_s=10, memory_mb=1024))
+    yield Evaluator(PROBLEM, box)
+    box.close()
 
 
 def seed_variant(extra_lines: str) -> str:
@@ -76,9 +79,12 @@ async def test_every_case_raising_is_an_error(evaluator):
     assert "RuntimeError: nope" in result.error and "about to fail" in result.error
 
 
-async def test_timeout_without_valid_components():
-    evaluator = Evaluator(PROBLEM, ProcessSandbox(SandboxLimits(timeout_s=1, memory_mb=512)))
-    result = await evaluator.evaluate("def construct_packing(n):\n    while True:\n        pass\n")
+async def test_timeout_without_valid_components(docker_ready):
+    box = DockerSandbox(SandboxLimits(timeout_s=1, memory_mb=512), warm=1)
+    try:
+        result = await Evaluator(PROBLEM, box).evaluate("def construct_packing(n):\n    while True:\n        pass\n")
+    finally:
+        box.close()
     assert result.status == "timeout" and result.objective == 0.0
     assert "timed out" in result.error
 
@@ -90,9 +96,9 @@ async def test_candidate_cannot_patch_the_trusted_side(evaluator):
 import builtins, fractions, importlib.util, json, math, os
 import numpy as np
 
-spec = importlib.util.spec_from_file_location("scorer", {str(SCORER_PATH)!r})
-scorer = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(scorer)
+import types
+scorer = types.ModuleType("scorer")  # a copy of the trusted scorer, patched in here
+exec({SCORER_PATH.read_text()!r}, scorer.__dict__)
 scorer.score = lambda args, output: 1000.0
 np.sqrt = lambda x: 1e9
 np.sum = lambda *a, **k: 1000.0

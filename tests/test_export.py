@@ -31,7 +31,7 @@ def run(tmp_path_factory) -> Path:
 def exported(run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export")
     spec = json.loads((run / "run.json").read_text())
-    assert export(run, spec, out, backend="process") == 0
+    assert export(run, spec, out, backend="docker") == 0
     return out
 
 
@@ -92,7 +92,7 @@ def test_the_best_program_runs_in_the_sandbox_not_here(run, tmp_path):
         conn.execute("UPDATE programs SET code=? WHERE id=?", (code.replace(HOLES, marked), best))
     spec = json.loads((copy / "run.json").read_text())
     spec["db_url"] = f"sqlite:///{copy / 'evolve.db'}"
-    assert export(copy, spec, tmp_path / "out", backend="process") == 0
+    assert export(copy, spec, tmp_path / "out", backend="docker") == 0
     assert not hasattr(builtins, "EVOLVE_RAN_HERE")
     assert (tmp_path / "out" / "best_program.png").stat().st_size > 10_000
 

@@ -250,7 +250,7 @@ def fill(disk: Path) -> Path:
 
 def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_once_space_is_back(tmp_path, small_disk):
     budget = 30
-    command, run_dir, db = setup_run(tmp_path, budget, backend="process", run_dir=small_disk / "run")
+    command, run_dir, db = setup_run(tmp_path, budget, run_dir=small_disk / "run")
     proc = start(command, SCRIPTED_DELAY="0.2")
     wait_for(lambda: evaluations(db) >= 5, proc, what="5 evaluations")
     kept = archive(db)
@@ -279,7 +279,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_it_resumes_once_space_is_ba
 
 def test_a_database_locked_by_another_process_stops_the_run_and_it_resumes(tmp_path):
     budget = 20
-    command, run_dir, db = setup_run(tmp_path, budget, backend="process")
+    command, run_dir, db = setup_run(tmp_path, budget)
     proc = start(command, SCRIPTED_DELAY="0.2")
     wait_for(lambda: evaluations(db) >= 3, proc, what="3 evaluations")
     kept = archive(db)
@@ -421,7 +421,7 @@ def test_starting_without_a_docker_engine_is_one_line(tmp_path):
 
 
 def test_a_second_process_on_the_same_run_directory_is_refused_in_one_line(tmp_path):
-    command, run_dir, db = setup_run(tmp_path, 20, backend="process")
+    command, run_dir, db = setup_run(tmp_path, 20)
     first = start(command, SCRIPTED_DELAY="0.5")
     try:
         wait_for(lambda: evaluations(db) >= 1, first, what="the first evaluation")
@@ -436,3 +436,25 @@ def test_a_second_process_on_the_same_run_directory_is_refused_in_one_line(tmp_p
             first.kill()
     check_consistent(db)
     assert done(db) == 20
+
+
+def test_a_session_killed_with_9_counts_in_the_wall_time_up_to_its_last_heartbeat(tmp_path, docker_ready):
+    command, run_dir, db = setup_run(tmp_path, 10_000)
+    proc = start(command + ["--wall-time", "3600"], SCRIPTED_DELAY="0.2")
+    try:
+        wait_for(lambda: evaluations(db) >= 8, proc, what="eight evaluations")
+        time.sleep(2.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    (started, ended, beat), = query(db, "SELECT started_at, ended_at, heartbeat_at FROM sessions")
+    assert ended is None and beat is not None and beat - started > 2.0  # it ran that long, at least
+    # A budget the killed session already spent: the next session asks the LLM for nothing more
+    # (it only evaluates the children the killed one had already asked for).
+    calls = query(db, "SELECT count(*) FROM llm_calls")
+    spent = f"{beat - started - 1.0:.1f}"
+    resumed = finish([*command[:2], "resume", str(run_dir), "--no-dashboard", "--wall-time", spent])
+    assert "stopped: wall time reached" in resumed.stdout + resumed.stderr, resumed
+    assert query(db, "SELECT count(*) FROM llm_calls") == calls
+    status = finish([sys.executable, "-m", "evolve.cli", "status", str(run_dir)])
+    assert status.returncode == 0, status

@@ -1,13 +1,39 @@
-"""The process sandbox with real processes: limits, kills, isolation, strict parsing."""
+"""The process sandbox with real processes: limits, kills, isolation, strict parsing.
+
+As root, the process backend runs each candidate as an unprivileged uid of its own, which
+must be able to run the interpreter: the engine's own where it can (it has numpy), else the
+system's python3 (standard library only), as on a machine whose Python lives under /root.
+"""
 import asyncio
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+import pytest
 
 from evolve.config import SandboxLimits
-from evolve.sandbox import ProcessSandbox
+from evolve.sandbox import CANDIDATE_UIDS, ProcessSandbox, SandboxUnavailable, processes_of
+
+ROOT = os.geteuid() == 0
+
+
+def _interpreter() -> str:
+    for python in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+        try:
+            ProcessSandbox(SandboxLimits(), python=python)
+            return python
+        except SandboxUnavailable:
+            continue
+    pytest.skip("no Python that an unprivileged uid can run", allow_module_level=True)
+
+
+PYTHON = _interpreter()
+HAS_NUMPY = subprocess.run([PYTHON, "-c", "import numpy"], capture_output=True).returncode == 0
 
 ONE_CASE = [{"name": "a", "args": {"n": 3}}]
 FAKE_LINE = '{"case": "a", "output": 99}'
@@ -15,7 +41,7 @@ FAKE_LINE = '{"case": "a", "output": 99}'
 
 async def run(code, cases=ONE_CASE, entry_point="f", **limits):
     limits = {"timeout_s": 2.0, "memory_mb": 512, **limits}
-    sandbox = ProcessSandbox(SandboxLimits(**limits))
+    sandbox = ProcessSandbox(SandboxLimits(**limits), python=PYTHON)
     return await sandbox.run(textwrap.dedent(code), entry_point, cases)
 
 
@@ -41,6 +67,17 @@ def wait_until_gone(**which):
     return live_processes(**which)
 
 
+@pytest.fixture
+def shared_dir():
+    """A folder the candidate may write in (as root it runs as another uid, which cannot enter
+    pytest's own temp folders)."""
+    folder = Path(tempfile.mkdtemp(prefix="evolve-test-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(not HAS_NUMPY, reason=f"{PYTHON} has no numpy (the Docker tests cover numpy)")
 async def test_normal_candidate_returns_plain_data():
     result = await run("""
         import numpy as np
@@ -112,8 +149,8 @@ async def test_sleep_forever_times_out():
     assert result.status == "timeout" and result.elapsed_s < 2.0
 
 
-async def test_fork_bomb_is_killed_with_its_whole_group(tmp_path):
-    pgid_file = tmp_path / "pgid"
+async def test_fork_bomb_is_killed_with_its_whole_group(shared_dir):
+    pgid_file = shared_dir / "pgid"
     result = await run(f"""
         import os, time
         def f(n):
@@ -209,10 +246,10 @@ async def test_fake_result_lines_on_stdout_go_to_the_log():
     assert FAKE_LINE in result.log_tail
 
 
-async def test_work_dir_is_private_and_removed_and_files_are_size_capped(tmp_path):
+async def test_work_dir_is_private_and_removed_and_files_are_size_capped(shared_dir):
     # Not a filesystem jail (see sandbox.py); what holds: the work dir is fresh and deleted,
     # and no single file the candidate writes can grow past the file-size limit.
-    outside = tmp_path / "big.bin"
+    outside = shared_dir / "big.bin"
     result = await run(f"""
         import os
         def f(n):
@@ -261,3 +298,58 @@ def test_harness_is_standalone():
     source = (Path(__file__).resolve().parents[1] / "evolve" / "harness.py").read_text()
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert imports and not any("evolve" in line for line in imports)
+
+
+# ---- as root: a uid of its own, and nothing of it left afterwards ----------------------------
+needs_root = pytest.mark.skipif(not ROOT, reason="the privilege drop happens only as root")
+
+
+@needs_root
+async def test_as_root_the_candidate_runs_unprivileged_and_cannot_read_the_engine():
+    result = await run(f"""
+        import os
+        def f(n):
+            try:
+                open("/proc/{os.getpid()}/environ").read()
+                environ = "read"
+            except OSError as exc:
+                environ = exc.strerror
+            return [os.getuid(), os.getgid(), os.getgroups(), environ]
+    """)
+    uid, gid, groups, environ = result.outputs["a"]
+    assert uid in CANDIDATE_UIDS and gid == uid and groups == [] and environ == "Permission denied"
+
+
+@needs_root
+async def test_as_root_escaped_and_half_dead_processes_are_killed_after_the_run():
+    # A setsid() grandchild leaves the process group; a child whose main thread leaves with the
+    # raw exit syscall shows as a zombie while its other thread keeps running.
+    result = await run("""
+        import ctypes, os, platform, threading, time
+        def f(n):
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    time.sleep(1000)
+                os._exit(0)
+            if os.fork() == 0:
+                threading.Thread(target=time.sleep, args=(1000,)).start()
+                exit_call = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+                ctypes.CDLL(None).syscall(exit_call, 0)  # this thread only
+            time.sleep(0.3)
+            return os.getuid()
+    """)
+    uid = result.outputs["a"]
+    assert uid in CANDIDATE_UIDS
+    assert processes_of(uid) == []
+
+
+def test_as_root_an_interpreter_the_candidate_cannot_run_is_refused_in_one_line(tmp_path):
+    if not ROOT:
+        pytest.skip("the privilege drop happens only as root")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    python.symlink_to(sys.executable)
+    with pytest.raises(SandboxUnavailable, match=r"does not run candidates as root.*sandbox.backend: docker"):
+        ProcessSandbox(SandboxLimits(), python=str(python))

@@ -30,7 +30,8 @@ from evolve.config import SandboxLimits, load_problem
 from evolve.docker_sandbox import (CONTAINER_COMMAND, WORK_TMPFS, DockerSandbox,
                                    docker_unavailable_reason)
 from evolve.sandbox import (FILE_SIZE_LIMIT, HARNESS_SOURCE, LOG_TAIL_BYTES, Collected,
-                            ProcessSandbox, append_results, build_result, candidate_environment)
+                            ProcessSandbox, SandboxUnavailable, append_results, build_result,
+                            candidate_environment)
 from evolve.sandbox_image import image_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +143,11 @@ async def main(runs: int, cold_runs: int) -> None:
     if reason := docker_unavailable_reason():
         sys.exit(f"cannot benchmark the Docker sandbox: {reason}")
     pool = DockerSandbox(LIMITS, warm=2)
-    process = ProcessSandbox(LIMITS)
+    try:
+        process = ProcessSandbox(LIMITS)
+    except SandboxUnavailable as exc:  # as root, with a Python the candidate uid cannot run
+        print(f"process backend: not measured ({exc})")
+        process = None
     try:
         for name, (code, entry, cases) in candidates().items():
             await through(pool, code, entry, cases, 2)  # warm-up: the pool, the page cache
@@ -152,8 +157,9 @@ async def main(runs: int, cold_runs: int) -> None:
                 "warm pool": await through(pool, code, entry, cases, runs, added),
                 "cold docker run": [cold_docker_run(code, entry, cases) for _ in range(cold_runs)],
                 "bare (host)": bare_on_host(code, entry, cases, runs),
-                "process backend": await through(process, code, entry, cases, runs),
             }
+            if process is not None:
+                rows["process backend"] = await through(process, code, entry, cases, runs)
             print(f"\n{name} ({len(cases)} case(s)), median of {runs} runs ({cold_runs} cold):")
             for label, times in rows.items():
                 print(f"  {label:16s} {summary(times)}")
