@@ -82,7 +82,7 @@ class Controller:
     # ---- top level -----------------------------------------------------------------------
     async def run(self) -> str:
         self.main = asyncio.current_task()
-        session = Session(run_id=self.db.run_id)
+        session = self.session = Session(run_id=self.db.run_id)
         self.db.add(session)
         self.base_evals = self.db.evaluations_done()
         self.base_calls = self.db.llm_calls_done()
@@ -141,9 +141,10 @@ class Controller:
             self.main.cancel()
 
     def _past_wall_time(self) -> float:
-        rows = self.db.session.scalars(select(Session).where(Session.run_id == self.db.run_id,
-                                                             Session.ended_at.is_not(None)))
-        return sum(r.ended_at - r.started_at for r in rows)
+        """Wall time of the earlier sessions; one killed with -9 counts up to its last heartbeat."""
+        rows = self.db.session.execute(select(Session.started_at, Session.ended_at, Session.heartbeat_at)
+                                       .where(Session.run_id == self.db.run_id, Session.id != self.session.id))
+        return sum((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at for r in rows)
 
     def _budget_left(self) -> str | None:
         """The reason to stop asking, or None."""
@@ -340,6 +341,7 @@ class Controller:
         _fill(child, result)
         evaluation = Evaluation(backend=self.evaluator.sandbox.backend, status=result.status,
                                 started_at=started, elapsed_s=result.elapsed_s, error=result.error)
+        self.session.heartbeat_at = time.time()  # committed with the result
         with self.db.batch():
             if child.id is None:
                 self.db.tell(child, evaluation)

@@ -39,6 +39,9 @@ class Session(Base):
     started_at: Mapped[float] = mapped_column(Float, default=now)
     ended_at: Mapped[float | None] = mapped_column(Float)
     stop_reason: Mapped[str | None] = mapped_column(String(200))
+    # With every commit of results: a session killed with -9 never sets ended_at, and counts
+    # in the wall-time budget up to its last heartbeat. Deferred: older schemas lack it.
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, deferred=True)
 
 
 class PolicyVersion(Base):
