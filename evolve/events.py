@@ -7,6 +7,7 @@ so `evolve dashboard RUN_DIR` can show a run's recent events from another termin
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,6 +17,16 @@ from typing import Any, Callable
 KINDS = ("run", "sandbox", "seed", "resume", "progress", "best", "migration", "llm_error",
          "training", "adapter", "stop", "llm_down", "llm_retry", "llm_up", "llm_restart",
          "sandbox_down", "sandbox_retry", "sandbox_up", "fault")
+
+
+# C0 and C1 control characters but newline and tab (ESC starts screen clears and OSC 52
+# clipboard writes), and the bidirectional overrides that reorder what a reader sees.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Text that came from a candidate or the LLM, safe to put on a terminal."""
+    return _CONTROL.sub("\ufffd", text)
 
 
 @dataclass
@@ -29,7 +40,7 @@ class Event:
         """logfmt: `HH:MM:SS kind message | key=value ...`, greppable and still readable."""
         stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
         pairs = " ".join(f"{k}={_fmt(v)}" for k, v in self.fields.items())
-        return f"{stamp} {self.kind:<9} {self.message}" + (f" | {pairs}" if pairs else "")
+        return printable(f"{stamp} {self.kind:<9} {self.message}" + (f" | {pairs}" if pairs else ""))
 
     def to_json(self) -> str:
         return json.dumps({"time": self.time, "kind": self.kind, "message": self.message,

@@ -7,6 +7,7 @@ and on a database from an older schema.
 from __future__ import annotations
 
 import difflib
+import sys
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -17,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .dashboard import duration, islands_panel, num, pct, rl_panel
+from .events import printable
 from .schema import Completion, LLMCall, Program, Run
 from .schema import Session as RunSession
 from .snapshot import InspectError, RunReader, Snapshot
@@ -134,7 +136,8 @@ def print_best(run_dir: Path, spec: dict, code: bool, console: Console | None = 
         with reader.engine.connect() as conn:
             text = conn.execute(select(Program.code).where(Program.id == b.id)).scalar()
         reader.close()
-        print(text)  # plain print: the code must stay copy-pasteable
+        # plain print: the code must stay copy-pasteable (exact into a file or a pipe)
+        print(printable(text) if sys.stdout.isatty() else text)
         return 0
     console.print(f"#{b.id} island {b.island} generation {b.generation}: "
                   f"{s.headline} {num(b.headline)}, objective {b.objective:.4f}")
@@ -161,7 +164,7 @@ def print_show(run_dir: Path, spec: dict, program_id: int, console: Console | No
             if p.error:
                 tail = p.error.strip().splitlines()[-ERROR_TAIL_LINES:]
                 console.print(Text(f"error (last {len(tail)} lines):", style="bold red"))
-                console.print(Text("\n".join(tail)))
+                console.print(Text(printable("\n".join(tail))))
             console.print(_diff(p, parent, db))
     finally:
         reader.close()
@@ -235,15 +238,15 @@ def _diff(p: Program, parent: Program | None, db: Session):
     if p.code is None:  # the answer could not be applied: show what the model wrote instead
         answer = db.execute(select(Completion.text).where(Completion.id == p.completion_id)).scalar() \
             if p.completion_id else None
-        lines = (answer or "").splitlines()[:ANSWER_LINES]
+        lines = printable(answer or "").splitlines()[:ANSWER_LINES]
         return Group(Text("no code (the answer could not be applied); the answer was:", style="bold"),
                      Text("\n".join(lines) or "(empty)", style="dim"))
     if parent is None:
         return Group(Text("code (no parent):", style="bold"),
-                     Syntax(p.code, "python", line_numbers=True, word_wrap=True))
+                     Syntax(printable(p.code), "python", line_numbers=True, word_wrap=True))
     if parent.code == p.code:
         return Text(f"code identical to its parent #{parent.id} ({p.origin})", style="dim")
     diff = "".join(difflib.unified_diff(parent.code.splitlines(True), p.code.splitlines(True),
                                         fromfile=f"#{parent.id} (parent)", tofile=f"#{p.id}"))
     # wrapped, never cut: the whole diff is the point, even in an 80-column pipe
-    return Group(Text("diff against its parent:", style="bold"), Syntax(diff, "diff", word_wrap=True))
+    return Group(Text("diff against its parent:", style="bold"), Syntax(printable(diff), "diff", word_wrap=True))

@@ -473,3 +473,18 @@ def test_the_engine_announces_each_new_best(run):
     bests = [e for e in events_of(run) if e.kind == "best"]
     assert bests and bests[-1].fields["program"] == s.best.id
     assert all(e.fields["delta"] > 0 for e in bests)
+
+
+HOSTILE_TEXT = "\x1b[2J\x1b[H\x1b]52;c;ZXZpbA==\x07cleared\u202eexe.txt"
+
+
+def test_candidate_text_reaches_the_terminal_without_control_sequences(copy, capsys):
+    [(pid,)] = sql(copy, "SELECT id FROM programs WHERE status='timeout' LIMIT 1")
+    with sqlite3.connect(copy / "evolve.db") as conn:
+        conn.execute("UPDATE programs SET error=?, code=code || ? WHERE id=?",
+                     (f"Traceback\n{HOSTILE_TEXT}", f"\n# {HOSTILE_TEXT}\n", pid))
+    assert main(["show", str(copy), str(pid)]) == 0
+    out = capsys.readouterr().out
+    assert "cleared" in out and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    line = Event("llm_error", f"answer: {HOSTILE_TEXT}").line()
+    assert "cleared" in line and "\x1b" not in line and "\u202e" not in line
