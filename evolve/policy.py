@@ -112,16 +112,16 @@ def _answer_instructions(m: int, fmt: str = "diff") -> str:
 
 
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
-                   max_prompt_tokens: int, fmt: str = "diff") -> list[dict]:
+                   max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None) -> list[dict]:
     """Chat messages for one mutation request in answer format `fmt` (diff | rewrite),
-    dropping inspirations to stay in budget."""
+    dropping inspirations to stay in budget. `directive`: the kind of change asked for."""
     insp = list(inspirations)
     while True:
         user = (f"## Problem\n{problem.description.strip()}\n\n"
                 + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
                           for i, p in enumerate(insp))
                 + _program_section("Current program", parent, problem, True)
-                + "\n## Task\n" + _answer_instructions(m, fmt))
+                + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
         messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
                     {"role": "user", "content": user}]
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:

@@ -73,7 +73,9 @@ def substitute(program: str, literals: list[Literal], values) -> str:
     """The program with each literal replaced by its new value (negatives in parentheses)."""
     out, last = [], 0
     for lit, value in zip(literals, values):
-        text = repr(float(value))
+        # Six significant digits: far finer than a tuning's steps, and a program the LLM is
+        # shown later carries `0.953553`, not `0.9535528293161163` (short to read and to copy).
+        text = repr(float(f"{float(value):.6g}"))
         out += [program[last:lit.start], f"({text})" if value < 0 else text]
         last = lit.end
     out.append(program[last:])
