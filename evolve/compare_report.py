@@ -344,7 +344,7 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
             lines.append(f"- {text}")
     if not any(fig["verdicts"].values()):
         lines.append("- (one policy, or no finished arm: nothing to compare)")
-    lines += ["", "Significance: two-sided Mann-Whitney U on the per-seed values, p < 0.05; the CI is a "
+    lines += ["", f"Significance: two-sided {stats.TEST_NAME} on the per-seed values, p < 0.05; the CI is a "
               "percentile bootstrap of the difference of medians. With a handful of seeds every bootstrap CI "
               "here is rough (and narrower than the truth): the p-value is the claim.", ""]
     lines += _policy_table(fig, names, problem.headline) + [""] + _arm_table(fig, problem.headline) + [""]

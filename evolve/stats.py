@@ -3,7 +3,7 @@
 - best@k and pass@k over a pool of n sampled answers (k drawn without replacement);
 - diversity of a group's answers (mean pairwise L1 between reward vectors);
 - MAP-Elites coverage and QD-score;
-- a seeded bootstrap confidence interval, and a Mann-Whitney verdict for a pair of arms.
+- a seeded bootstrap confidence interval, and a rank permutation verdict for a pair of arms.
 """
 from __future__ import annotations
 
@@ -134,20 +134,33 @@ class Verdict:
 
 
 def min_p_value(n_a: int, n_b: int) -> float:
-    """Smallest two-sided exact Mann-Whitney p for these sizes: 2 / C(n_a + n_b, n_a).
+    """Smallest two-sided p of the rank permutation test for these sizes: 2 / C(n_a + n_b, n_a).
 
     With 3 seeds per arm it is 0.1: no difference can be significant at 0.05, whatever the data.
     """
     return min(1.0, 2 / math.comb(n_a + n_b, n_a))
 
 
-def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """(U of a, two-sided p). Exact (ties included) for the small samples of seeds."""
+TEST_NAME = "rank permutation test (Mann-Whitney U; exact over every split of the pooled seeds, ties at mid-ranks)"
+
+
+def rank_permutation_test(a: Sequence[float], b: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """(U of a, two-sided p): Mann-Whitney's U, with p from its permutation distribution.
+
+    scipy's "exact" Mann-Whitney p assumes no ties, and seeds of a search often tie (runs
+    that never left the seed). Permuting the pooled values with their mid-ranks handles ties
+    exactly: every split is enumerated (C(n_a + n_b, n_a) of them; sampled beyond 20,000).
+    """
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if np.all(np.concatenate([x, y]) == x[0]):
         return x.size * y.size / 2, 1.0  # all tied: no evidence either way
-    method = "exact" if x.size + y.size <= 20 else "asymptotic"
-    res = stats.mannwhitneyu(x, y, alternative="two-sided", method=method)
+
+    def u_of_first(u, v, axis=-1):
+        ranks = stats.rankdata(np.concatenate([u, v], axis=axis), axis=axis)
+        return ranks[..., : u.shape[axis]].sum(axis=axis) - u.shape[axis] * (u.shape[axis] + 1) / 2
+
+    res = stats.permutation_test((x, y), u_of_first, permutation_type="independent", vectorized=True,
+                                 n_resamples=20_000, alternative="two-sided", random_state=seed)
     return float(res.statistic), float(min(res.pvalue, 1.0))
 
 
@@ -155,7 +168,7 @@ def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], wh
             alpha: float = ALPHA, seed: int = 0) -> Verdict:
     """A plain-language comparison of two arms on per-seed values (higher is better).
 
-    "A better than B" only when the two-sided Mann-Whitney p < alpha; the direction is the
+    "A better than B" only when the two-sided rank permutation p < alpha; the direction is the
     side with the larger U (P(A > B) + P(tie)/2 > 1/2). With one seed on either side there is
     no test at all, and the text says so.
     """
@@ -165,10 +178,10 @@ def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], wh
     if x.size < 2 or y.size < 2:
         text = f"{name_a} vs {name_b}: one seed: no statistical claim ({medians})"
         return Verdict(name_a, name_b, x.size, y.size, ma, mb, None, None, None, None, None, text)
-    u, p = mann_whitney(x, y)
+    u, p = rank_permutation_test(x, y, seed)
     low, high = bootstrap_diff_ci(x, y, np.median, seed=seed)
     floor = min_p_value(x.size, y.size)
-    support = (f"Mann-Whitney U={u:g}, two-sided p={p:.3g}, n={x.size} vs {y.size} seeds; "
+    support = (f"U={u:g}, two-sided permutation p={p:.3g}, n={x.size} vs {y.size} seeds; "
                f"{medians}; difference {ma - mb:+.4f}, 95% bootstrap CI [{low:+.4f}, {high:+.4f}]")
     winner = None
     if p < alpha:

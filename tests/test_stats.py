@@ -105,13 +105,36 @@ def test_bootstrap_diff_ci():
     assert 7 <= low < 10 < high <= 13  # resampled medians differ by 7..13; the observed difference is 10
 
 
-# ---- Mann-Whitney and verdicts -----------------------------------------------------------------------
-def test_mann_whitney_exact_small_samples():
-    u, p = stats.mann_whitney([5, 6, 7, 8], [1, 2, 3, 4])
+# ---- the rank permutation test and verdicts --------------------------------------------------------
+def test_rank_permutation_test_small_samples():
+    u, p = stats.rank_permutation_test([5, 6, 7, 8], [1, 2, 3, 4])
     assert u == 16 and p == pytest.approx(2 / math.comb(8, 4))
-    u, p = stats.mann_whitney([1, 2, 3], [4, 5, 6])
+    u, p = stats.rank_permutation_test([1, 2, 3], [4, 5, 6])
     assert u == 0 and p == pytest.approx(0.1)
-    assert stats.mann_whitney([0.5, 0.5], [0.5, 0.5]) == (2.0, 1.0)  # all tied
+    assert stats.rank_permutation_test([0.5, 0.5], [0.5, 0.5]) == (2.0, 1.0)  # all tied
+
+
+def test_ties_are_counted_exactly():
+    # Four seeds that never left the seed value against four that did: U = 16 only for the
+    # observed split (and its mirror, U = 0) of the 70, so p = 2/70.
+    a, b = [2.1667] * 4, [2.2, 2.3, 2.3, 2.4]
+    u, p = stats.rank_permutation_test(b, a)
+    assert u == 16 and p == pytest.approx(2 / 70)
+    pooled = [2.1667] * 3 + [2.3] * 3  # ties across the arms too: enumerate the 20 splits by hand
+    x, y = [2.1667, 2.1667, 2.3], [2.1667, 2.3, 2.3]
+    from itertools import combinations
+    from scipy.stats import rankdata
+    ranks = rankdata(pooled)
+    def u_of(idx):
+        return sum(ranks[i] for i in idx) - 6
+    observed = u_of([0, 1, 3])
+    splits = [u_of(c) for c in combinations(range(6), 3)]
+    mean = sum(splits) / len(splits)
+    low, high = sum(s <= observed for s in splits) / 20, sum(s >= observed for s in splits) / 20
+    u, p = stats.rank_permutation_test(x, y)
+    assert u == observed < mean and p == pytest.approx(min(1.0, 2 * min(low, high)))
+    # scipy's "exact" Mann-Whitney counts splits as if there were no ties: too small a p here.
+    assert stats.rank_permutation_test([1, 1, 1, 2], [1, 2, 2, 2])[1] == pytest.approx(34 / 70)
 
 
 def test_min_p_value():
