@@ -234,7 +234,9 @@ class Train(Strict):
     max_grad_norm: float = Field(default=1.0, gt=0)
     dirichlet_k: int = Field(default=100, ge=1)  # VPO: weight vectors per group (K)
     dirichlet_alpha: float = Field(default=1.0, gt=0)  # VPO: Dirichlet concentration (alpha)
-    seed: int = 0
+    # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
+    # a comparison vary training too (a fixed value gives every arm the same draws).
+    seed: int | None = None
 
 
 class Policy(Strict):

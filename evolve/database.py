@@ -264,6 +264,9 @@ class ProgramDatabase:
             select(Program).where(Program.run_id == self.run_id, Program.code_hash == code_hash(code),
                                   Program.status.in_(EVALUATED)).order_by(Program.id).limit(1)).first()
 
+    def run_seed(self) -> int:
+        return self.session.get(Run, self.run_id).seed
+
     def policy_version(self) -> PolicyVersion:
         return self.session.scalars(
             select(PolicyVersion).where(PolicyVersion.run_id == self.run_id)

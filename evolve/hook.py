@@ -31,9 +31,10 @@ class HookError(RuntimeError):
 
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
-                 model_dir: Path, server_url: str, emit: Callable[..., None]):
+                 model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0):
         assert policy.train is not None
-        self.policy, self.train, self.db = policy, policy.train, db
+        seed = run_seed if policy.train.seed is None else policy.train.seed
+        self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
         self.components = [c.name for c in problem.components]
         weights = problem.weight_vector()
         self.weights = np.array([weights[c] for c in self.components])
@@ -154,7 +155,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     """
     from .models import model_path
 
-    hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit)
+    hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     groups = complete_groups(db.session, db.run_id, hook.components)
     size = policy.train.train_every

@@ -83,7 +83,7 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
         report(Event(kind, message, fields))
 
     server_url = base_url.removesuffix("/").removesuffix("/v1")
-    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit)
+    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed())
 
 
 async def _run(controller: Controller, client: PolicyClient | None) -> str:

@@ -102,3 +102,17 @@ def test_grpo_and_vpo_advantages_from_the_archive(tmp_path):
     assert np.array_equal(a1[0], a2[0]) and not np.array_equal(a1[0], a3[0])
     assert r1[0][2] == 0 and r1[0][0] == r1[0][3]
 
+
+
+def test_training_draws_follow_the_run_seed_unless_the_policy_fixes_one(tmp_path):
+    db = open_db(tmp_path)
+    add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("ok", {"x": 0.0, "y": 0.5})], [("invalid", None)]])
+    groups = complete_groups(db.session, db.run_id, COMPONENTS)
+    vpo = _hook(tmp_path, db, "vpo")
+    assert vpo.policy.train.seed is None and vpo.train.seed == db.run_seed()
+    other = RLHook(vpo.policy, PROBLEM, db, tmp_path, tmp_path, "", lambda *a, **k: None, run_seed=7)
+    other.components = COMPONENTS
+    assert other.train.seed == 7  # the LoRA initialisation (Trainer) and the Dirichlet stream
+    assert not np.array_equal(vpo.advantages(groups, 1)[0][0], other.advantages(groups, 1)[0][0])
+    fixed = Policy.model_validate({**vpo.policy.model_dump(), "train": {**vpo.policy.train.model_dump(), "seed": 3}})
+    assert RLHook(fixed, PROBLEM, db, tmp_path, tmp_path, "", lambda *a, **k: None, run_seed=7).train.seed == 3
