@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import compare_plots, stats
-from .config import load_problem
+from .config import load_policy, load_problem
 from .database import EVALUATED
 from .rollouts import complete_groups
 from .schema import Cell, Evaluation, LLMCall, PolicyVersion, Program, Run, TrainingStep
@@ -275,6 +275,19 @@ def verdicts(fig: dict, names: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def baselines(policies: list) -> list[str]:
+    """A line per training policy naming its own baseline: the frozen arm asking for as many
+    answers per response (m). VPO changes m and the reward at once; only its m-matched frozen
+    arm tells which of the two helped."""
+    lines = []
+    for p in (p for p in policies if p.train is not None):
+        same_m = [q.name for q in policies if q.train is None and q.answers == p.answers]
+        lines.append(f"{p.name} (m={p.answers}): its baseline is {same_m[0]} (frozen, m={p.answers})" if same_m
+                     else f"{p.name} (m={p.answers}): no frozen arm with m={p.answers} in this comparison; "
+                          f"add one (e.g. policies/frozen_m3.yaml for m=3) to tell training from m")
+    return lines
+
+
 # ---- the report -------------------------------------------------------------------------------------
 def write_report(plan, arms, out: Path) -> Path:
     """Read every arm, write figures.json, the PNGs and report.md into `out`; returns report.md."""
@@ -289,6 +302,7 @@ def write_report(plan, arms, out: Path) -> Path:
     fig["arms"] = {m["arm"]: m for m in metrics}
     fig["heldout_arms"] = heldout
     fig["verdicts"] = verdicts(fig, names)
+    fig["baselines"] = baselines([load_policy(p["path"]) for p in plan.policies])
     fig["settings"] = {"problem": problem.name, "policies": names, "seeds": plan.seeds, "budget": plan.budget,
                        "max_llm_calls": plan.max_llm_calls, "heldout": plan.heldout,
                        "heldout_parents": [{k: p[k] for k in ("key", "source", "objective", "headline", "held_out")}
@@ -338,7 +352,8 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
              f"Headline: {problem.headline}. Comparison directory: `{plan.dir}`.", ""]
     if fig["settings"]["arms_missing"]:
         lines += [f"**Incomplete:** no run yet for {', '.join(fig['settings']['arms_missing'])}.", ""]
-    lines += ["## Verdicts", ""]
+    lines += ["## Arms and their baselines", ""] + [f"- {line}" for line in fig.get("baselines", [])] + [
+        "- (no training arm)" if not fig.get("baselines") else "", "## Verdicts", ""]
     for what, texts in fig["verdicts"].items():
         for text in texts:
             lines.append(f"- {text}")

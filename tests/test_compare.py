@@ -22,7 +22,7 @@ import yaml
 
 from evolve import compare, compare_report, heldout, stats
 from evolve.cli import main
-from evolve.config import Server, load_problem
+from evolve.config import Server, load_policy, load_problem
 from evolve.models import ensure_model
 from evolve.server import VLLMServer
 
@@ -393,3 +393,15 @@ def test_problem_overrides_reach_every_arm_and_pin_the_comparison(tmp_path):
     assert "--set=task=HumanEval/7" in compare.arm_command(plan, arm, tmp_path / "p.yaml")
     plan.save()
     assert compare.Plan.load(tmp_path).sets == ["task=HumanEval/7"]
+
+
+def test_each_training_arm_is_told_its_own_baseline():
+    from evolve.compare_report import baselines
+    frozen, frozen_m3, grpo, vpo = (load_policy(ROOT / "policies" / f"{n}.yaml")
+                                    for n in ("frozen", "frozen_m3", "grpo", "vpo"))
+    assert frozen_m3.answers == vpo.answers == 3 and frozen_m3.train is None
+    assert frozen_m3.sampling == vpo.sampling and frozen_m3.answer_format == vpo.answer_format
+    lines = baselines([frozen, frozen_m3, grpo, vpo])
+    assert lines == ["grpo (m=1): its baseline is frozen (frozen, m=1)",
+                     "vpo (m=3): its baseline is frozen_m3 (frozen, m=3)"]
+    assert "no frozen arm with m=3" in baselines([frozen, grpo, vpo])[1]
