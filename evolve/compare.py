@@ -1,7 +1,7 @@
 """`evolve compare`: mutator policies head to head at the same evaluation budget (DESIGN §8).
 
     evolve compare problems/circle_packing.yaml \\
-        --policies policies/frozen.yaml policies/frozen_m3.yaml policies/grpo.yaml policies/vpo.yaml \
+        --policies policies/frozen.yaml policies/frozen_m3.yaml policies/grpo.yaml policies/vpo.yaml \\
             --seeds 4 --budget 200
 
 Layout of the comparison directory (default runs/compare-<problem>-<time>):
