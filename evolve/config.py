@@ -220,7 +220,10 @@ class Sampling(Strict):
 class Train(Strict):
     """The RL hook's settings (DESIGN §7). Absent from a policy = a frozen mutator."""
     algorithm: Literal["grpo", "vpo"]
-    train_every: int = Field(default=4, ge=1)  # completed on-policy groups per training step
+    # Answers (children, each one evaluation) of the current version per training step. Counted
+    # in answers, not calls: a VPO call brings m = 3 times as many as a GRPO call, and at an
+    # equal evaluation budget both must train as often. Rounded up to whole calls (groups).
+    train_every_answers: int = Field(default=48, ge=1)
     lora_rank: int = Field(default=16, ge=1)
     lora_alpha: float = Field(default=32, gt=0)
     target_modules: list[str] = Field(
@@ -237,6 +240,15 @@ class Train(Strict):
     # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data):
+        if isinstance(data, dict) and "train_every" in data:
+            raise ValueError("train_every (LLM calls) is now train_every_answers: answers of the current "
+                             "version per step, so that GRPO (m=1) and VPO (m=3) train equally often per "
+                             "evaluation; e.g. train_every: 4 with group_size 8 and m=1 is train_every_answers: 32")
+        return data
 
 
 class Policy(Strict):

@@ -1,7 +1,7 @@
 """The RL hook: retrain the mutator on the run's own archive and hot-swap it into vLLM.
 
-After every `train_every` completed groups of the current policy version (on-policy), the
-controller pauses generation and calls `step`: advantages (GRPO or VPO) -> one LoRA training
+After every `train_every_answers` answers of the current policy version (on-policy; rounded
+up to whole groups), the controller pauses generation and calls `step`: advantages (GRPO or VPO) -> one LoRA training
 step -> the adapter saved under RUN_DIR/adapters/vN -> loaded into the running server by name
 -> a new policy version recorded -> later calls go to it. A resume loads the latest adapter.
 """
@@ -42,15 +42,25 @@ class RLHook:
         self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
         self.trainer = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
+        self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
 
     # ---- when -------------------------------------------------------------------------------
+    def groups_per_step(self) -> int:
+        """Calls (groups) that bring `train_every_answers` answers: G completions of m answers each."""
+        per_call = self.policy.sampling.group_size * self.policy.answers
+        return -(-self.train.train_every_answers // per_call)
+
     def due(self) -> bool:
-        """`train_every` groups of the current version were generated; the controller then waits
-        until they are all scored before it calls `step` (so rewards are known)."""
+        """A step's worth of groups of the current version were generated (since the last step
+        that found no signal); the controller then waits until they are all scored before it
+        calls `step` (so rewards are known)."""
         version = self.db.policy_version().version
-        generated = self.db.session.scalar(select(func.count(LLMCall.id)).where(
-            LLMCall.run_id == self.db.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None)))
-        return generated >= self.train.train_every
+        query = select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.db.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None))
+        if self.held_since is not None:
+            query = query.where(LLMCall.started_at > self.held_since)
+        generated = self.db.session.scalar(query)
+        return generated >= self.groups_per_step()
 
     def _groups(self, version: int) -> list[Group]:
         return complete_groups(self.db.session, self.db.run_id, self.components, version)
@@ -66,7 +76,7 @@ class RLHook:
                       f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
 
     # ---- one step ---------------------------------------------------------------------------
-    async def step(self, client) -> TrainingStep:
+    async def step(self, client) -> TrainingStep | None:
         current = self.db.policy_version()
         groups = self._groups(current.version)
         if not groups:  # due() said generated; the controller drained: they must be complete
@@ -74,6 +84,12 @@ class RLHook:
                             "scored; refusing to train on partial rewards")
         new = current.version + 1
         adv, rewards = self.advantages(groups, new)
+        if not any(np.any(a != 0) for a in adv):  # nothing to learn: publish nothing
+            self.held_since = time.time()
+            self.emit("training", f"policy v{current.version} keeps serving: no signal in {len(groups)} "
+                      f"groups (every advantage is zero); trying again after {self.groups_per_step()} more",
+                      version=current.version, groups=len(groups), published=False)
+            return None
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
                   version=new, groups=len(groups))
         step = await asyncio.to_thread(self._train, groups, adv, current)
@@ -148,7 +164,7 @@ async def unload_adapter(server_url: str, name: str) -> None:
 
 def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir: Path,
                   max_steps: int | None, emit: Callable[..., None]) -> list[TrainingStep]:
-    """`evolve train`: train on every completed group of a stored run, `train_every` per step.
+    """`evolve train`: train on every completed group of a stored run, a step's worth at a time.
 
     The run's own history is left as it is (its calls were made by its own policy versions):
     the adapters and a metrics.jsonl go to `out_dir`, ready to be served by any vLLM.
@@ -158,7 +174,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     groups = complete_groups(db.session, db.run_id, hook.components)
-    size = policy.train.train_every
+    size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
     steps = []
     with open(Path(out_dir) / "metrics.jsonl", "a") as log:

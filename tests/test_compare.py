@@ -329,7 +329,7 @@ model: {SMOL_MODEL}
 server: {{{{embedded: true, port: {SMOL_PORT}, max_model_len: 4096, extra_args: ["--enforce-eager"]}}}}
 sampling: {{{{temperature: 1.0, max_tokens: 48, group_size: 2, max_prompt_tokens: 3000}}}}
 """
-TRAIN = """train: {algorithm: grpo, train_every: 1, lora_rank: 8, target_modules: [q_proj, v_proj],
+TRAIN = """train: {algorithm: grpo, train_every_answers: 1, lora_rank: 8, target_modules: [q_proj, v_proj],
         minibatches: 1, micro_batch: 2}
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from evolve.config import Descriptor, Policy, Search, load_policy
 from evolve.database import ProgramDatabase
@@ -21,13 +22,13 @@ def open_db(tmp_path) -> ProgramDatabase:
                                 AXES, Search(islands=1), "toy")
 
 
-def add_group(db, answers: list[list[tuple[str, dict | None]]], version=0, error=None) -> LLMCall:
+def add_group(db, answers: list[list[tuple[str, dict | None]]], version=0, error=None, started_at=0.0) -> LLMCall:
     """One call; answers[i] = the (status, fitness) of completion i's children."""
     seed = db.best() or db.add_seed(Program(island=0, origin="seed", status="ok", objective=0.0,
                                             headline=0.0, code="x = 0\n", descriptors={"a": 0.1}))[0]
     call = db.add_call(LLMCall(island=0, parent_id=seed.id, policy_version=version, model="m",
                                prompt=json.dumps([{"role": "user", "content": "hi"}]), n=len(answers),
-                               started_at=0.0, error=error, prompt_token_ids=[1, 2]))
+                               started_at=started_at, error=error, prompt_token_ids=[1, 2]))
     for i, children in enumerate(answers):
         completion = Completion(call_id=call.id, index=i, text=f"answer {i}", token_ids=[5, 6],
                                 finish_reason="stop")
@@ -63,13 +64,15 @@ def test_pending_errors_and_other_versions_are_not_training_data(tmp_path):
     assert len(complete_groups(db.session, db.run_id, COMPONENTS)) == 2
 
 
-def _hook(tmp_path, db, algorithm: str, train_every=2) -> RLHook:
+def _hook(tmp_path, db, algorithm: str, groups=2, emit=lambda *a, **k: None) -> RLHook:
+    """A hook that trains every `groups` calls (answers: groups x G x m)."""
     policy = load_policy(ROOT / "policies" / f"{algorithm}.yaml")
+    answers = groups * policy.sampling.group_size * policy.answers
     policy = Policy.model_validate({**policy.model_dump(), "train": {**policy.train.model_dump(),
-                                                                      "train_every": train_every}})
+                                                                      "train_every_answers": answers}})
     problem = PROBLEM.model_copy(update={"components": PROBLEM.components[:2],
                                          "headline": PROBLEM.components[0].name, "weights": None})
-    hook = RLHook(policy, problem, db, tmp_path, tmp_path, "", lambda *a, **k: None)
+    hook = RLHook(policy, problem, db, tmp_path, tmp_path, "", emit)
     hook.components = COMPONENTS
     return hook
 
@@ -116,3 +119,31 @@ def test_training_draws_follow_the_run_seed_unless_the_policy_fixes_one(tmp_path
     assert not np.array_equal(vpo.advantages(groups, 1)[0][0], other.advantages(groups, 1)[0][0])
     fixed = Policy.model_validate({**vpo.policy.model_dump(), "train": {**vpo.policy.train.model_dump(), "seed": 3}})
     assert RLHook(fixed, PROBLEM, db, tmp_path, tmp_path, "", lambda *a, **k: None, run_seed=7).train.seed == 3
+
+
+def test_training_is_counted_in_answers_so_grpo_and_vpo_train_equally_often_per_evaluation(tmp_path):
+    grpo, vpo = (load_policy(ROOT / "policies" / f"{a}.yaml") for a in ("grpo", "vpo"))
+    assert grpo.train.train_every_answers == vpo.train.train_every_answers
+    db = open_db(tmp_path)
+    g, v = (RLHook(p, PROBLEM, db, tmp_path, tmp_path, "", print) for p in (grpo, vpo))
+    assert (g.groups_per_step() * 8 * 1, v.groups_per_step() * 8 * 3) == (48, 48)
+    with pytest.raises(ValueError, match="train_every .*is now train_every_answers"):
+        Policy.model_validate({**grpo.model_dump(), "train": {"algorithm": "grpo", "train_every": 4}})
+
+
+async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(tmp_path):
+    db = open_db(tmp_path)
+    said = []
+    hook = _hook(tmp_path, db, "grpo", emit=lambda kind, message, **f: said.append((kind, message, f)))
+    add_group(db, [[("invalid", None)], [("invalid", None)]], started_at=1.0)  # every reward zero
+    add_group(db, [[("ok", {"x": 0.5, "y": 0.5})], [("ok", {"x": 0.5, "y": 0.5})]], started_at=2.0)  # equal
+    assert hook.due()
+    assert await hook.step(client=None) is None
+    assert db.policy_version().version == 0  # nothing published: v0 keeps serving
+    kind, message, fields = said[-1]
+    assert kind == "training" and "no signal" in message and fields["published"] is False
+    assert not hook.due()  # the same groups do not trigger another attempt
+    add_group(db, [[("ok", {"x": 1.0, "y": 0.0})]], started_at=hook.held_since + 1)
+    assert not hook.due()
+    add_group(db, [[("invalid", None)]], started_at=hook.held_since + 2)
+    assert hook.due()  # a step's worth of new groups: try again (on every group of v0)

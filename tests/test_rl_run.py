@@ -43,7 +43,7 @@ model: {MODEL}
 server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
 sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
 answer_format: rewrite
-train: {{algorithm: grpo, train_every: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4}}
+train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4}}
 """)
     return path
 
