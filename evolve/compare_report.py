@@ -15,8 +15,12 @@ Definitions (what the numbers mean):
   over those cells of the best elite objective. (Union over islands, because migration copies an
   island's best into the next one: per-island sums would count one program several times. The
   per-island values are in figures.json too.)
-- diversity: per LLM call (group), the mean pairwise L1 distance between the reward vectors of all
-  its answers, failed answers being zero vectors (evolve/rollouts.py);
+- diversity: per LLM call (group), the mean pairwise L1 distance between the reward vectors of
+  its valid answers, beside the share of its answers that are valid (failed answers are all
+  alike, so counting them as zero vectors would make failing look diverse);
+- held-out set reward: VPO's own quantity, per completion E_w[max over its m answers of w.r]
+  with w ~ Dirichlet(1) (1,000 fixed draws), averaged over completions (whole completions,
+  not single answers; for m = 1 it is the mean reward);
 - held-out best@k / pass@k: evolve/heldout.py and evolve/stats.py.
 """
 from __future__ import annotations
@@ -142,12 +146,16 @@ def _archive(s: Session, run_id: int, problem) -> dict:
 
 
 def _diversity(s: Session, run_id: int, problem) -> list[dict]:
+    """Per group: the diversity of its valid answers, and the share of its answers that are valid
+    (failed answers are all alike: counting them would make failing look diverse)."""
     components = [c.name for c in problem.components]
     out = []
     for i, group in enumerate(complete_groups(s, run_id, components)):
-        vectors = np.vstack([r.answers for r in group.rollouts if len(r.answers)] or [np.zeros((0, len(components)))])
+        valid = [r.answers[r.valid] for r in group.rollouts if len(r.answers)]
+        answers = sum(len(r.answers) for r in group.rollouts)
+        vectors = np.vstack(valid or [np.zeros((0, len(components)))])
         out.append({"group": i, "call_id": group.call_id, "version": group.policy_version,
-                    "diversity": stats.diversity(vectors)})
+                    "diversity": stats.diversity(vectors), "valid_rate": len(vectors) / answers if answers else None})
     return out
 
 
@@ -168,11 +176,13 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
         values = [a["objective"] for a in answers]
         n, c = len(values), sum(a["beats_parent"] for a in answers)
         ks = range(1, min(k_max, n) + 1)
+        valid = [a for a in answers if a["status"] == "ok"]
         per_parent[p["key"]] = {
-            "n": n, "beats_parent": c, "valid": sum(a["status"] == "ok" for a in answers),
+            "n": n, "beats_parent": c, "valid": len(valid), "valid_rate": len(valid) / n if n else None,
             "best_at_k": [stats.best_at_k(values, k) for k in ks],
             "pass_at_k": [stats.pass_at_k(n, c, k) for k in ks],
-            "diversity": stats.diversity([a["vector"] for a in answers]),
+            "diversity": stats.diversity([a["vector"] for a in valid]),
+            "set_reward": stats.set_quality([a["vector"] for a in answers], record.get("answers_per_completion", 1)),
             "tokens": record["parents"][p["key"]]["tokens"]}
     k = min(len(v["best_at_k"]) for v in per_parent.values())
     mean = lambda key: [float(np.mean([v[key][i] for v in per_parent.values()])) for i in range(k)]  # noqa: E731
@@ -180,6 +190,8 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
     return {"policy_version": record["policy_version"], "k": list(range(1, k + 1)),
             "best_at_k": mean("best_at_k"), "pass_at_k": mean("pass_at_k"),
             "diversity": float(np.mean(diversities)) if diversities else None,
+            "valid_rate": _mean([v["valid_rate"] for v in per_parent.values()]),
+            "set_reward": _mean([v["set_reward"] for v in per_parent.values()]),
             "tokens": sum(v["tokens"] for v in per_parent.values()), "parents": per_parent}
 
 
@@ -252,7 +264,9 @@ def figures(plan, arms_metrics: list[dict], heldout: dict[str, dict | None]) -> 
                                     "pass_at_k": band([p["pass_at_k"][:k] for p in pools]),
                                     "best_at_k_max": summary([p["best_at_k"][k - 1] for p in pools]),
                                     "pass_at_k_max": summary([p["pass_at_k"][k - 1] for p in pools]),
-                                    "diversity": summary([p["diversity"] for p in pools])}
+                                    "diversity": summary([p["diversity"] for p in pools]),
+                                    "valid_rate": summary([p.get("valid_rate") for p in pools]),
+                                    "set_reward": summary([p.get("set_reward") for p in pools])}
     return fig
 
 
@@ -382,15 +396,17 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
 def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
     rows = ["## Per policy (mean and 95% bootstrap CI over seeds)", "",
             f"| policy | seeds | final best objective | final best {headline} | coverage | QD-score | "
-            "valid mutations | diversity | held-out best@k_max | held-out pass@k_max |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "valid mutations | diversity (valid answers) | held-out valid | held-out best@k_max | "
+            "held-out pass@k_max | held-out set reward |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         fb, ar, co, dv = fig["final_best"][n], fig["archive"][n], fig["cost"][n], fig["diversity"][n]
         ho = fig["heldout"].get(n)
         rows.append(f"| {n} | {len(fb['seeds'])} | {_ci(fb['objective'])} | {_ci(fb['headline'], 6)} | "
                     f"{_ci(ar['coverage'], 3)} | {_ci(ar['qd_score'], 3)} | {_ci(co['valid_mutation_rate'], 3)} | "
-                    f"{_ci(dv['mean'], 4)} | {_ci(ho['best_at_k_max']) if ho else '-'} | "
-                    f"{_ci(ho['pass_at_k_max'], 3) if ho else '-'} |")
+                    f"{_ci(dv['mean'], 4)} | {_ci(ho['valid_rate'], 3) if ho else '-'} | "
+                    f"{_ci(ho['best_at_k_max']) if ho else '-'} | {_ci(ho['pass_at_k_max'], 3) if ho else '-'} | "
+                    f"{_ci(ho['set_reward'], 4) if ho else '-'} |")
     return rows
 
 

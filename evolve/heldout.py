@@ -207,6 +207,7 @@ def measure_arm(out: Path, problem: Problem, policy: Policy, arm: dict, parents:
     from .runner import start_policy_server
 
     record = _load(out, arm, settings)
+    record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
     todo = [i for i, p in enumerate(parents) if p["key"] not in record["parents"]]
     if not todo:
         return record

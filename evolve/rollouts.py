@@ -20,6 +20,7 @@ class Rollout:
     token_ids: list[int] | None  # as served by vLLM; None: re-tokenise the text
     finish_reason: str | None
     answers: np.ndarray  # (m_g, k): one reward vector per parsed answer; failures are zeros
+    valid: np.ndarray | None = None  # (m_g,) bool: the answer applied and its child scored
 
 
 @dataclass
@@ -88,5 +89,6 @@ def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int
             return None
         matrix = np.array([reward_vector(a, components) for a in answers]).reshape(len(answers), len(components))
         rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
-                                completion.finish_reason, matrix))
+                                completion.finish_reason, matrix,
+                                np.array([a.status == "ok" for a in answers], dtype=bool)))
     return Group(call.id, call.policy_version, json.loads(call.prompt), call.prompt_token_ids, rollouts)

@@ -58,7 +58,8 @@ def _check_k(n: int, k: int) -> None:
 
 # ---- diversity and the archive -------------------------------------------------------------------
 def diversity(vectors: Sequence[Sequence[float]]) -> float | None:
-    """Mean pairwise L1 distance between answers' reward vectors (failed answers are zero vectors):
+    """Mean pairwise L1 distance between answers' reward vectors (pass valid answers only: the
+    zero vectors of failures all look alike, and would make failing count as diverse):
 
         D = 2 / (A (A - 1)) * sum_{i<j} ||r_i - r_j||_1
 
@@ -68,6 +69,21 @@ def diversity(vectors: Sequence[Sequence[float]]) -> float | None:
     if x.ndim != 2 or x.shape[0] < 2:
         return None
     return float(pdist(x, "cityblock").mean())
+
+
+SET_WEIGHTS = 1000  # Dirichlet draws for set_quality (fixed: every arm is measured alike)
+
+
+def set_quality(vectors: Sequence[Sequence[float]], m: int, alpha: float = 1.0, seed: int = 0) -> float | None:
+    """VPO's own held-out quantity: answers in completions of m (in order), each completion
+    valued E_w[max over its answers of w.r] with w ~ Dirichlet(alpha), then averaged over
+    completions. Whole completions, never answers drawn apart: the set is what VPO trains."""
+    x = np.asarray(vectors, dtype=float)
+    if x.ndim != 2 or x.shape[0] == 0:
+        return None
+    W = np.random.default_rng(seed).dirichlet(np.full(x.shape[1], alpha), size=SET_WEIGHTS)
+    sets = [x[i:i + m] for i in range(0, len(x), m)]
+    return float(np.mean([(W @ s.T).max(axis=1).mean() for s in sets]))
 
 
 def coverage(filled: int, bins: Sequence[int], islands: int = 1) -> float:

@@ -51,6 +51,7 @@ def test_groups_link_answers_to_reward_vectors(tmp_path):
     assert np.array_equal(group.rollouts[1].answers, [[0.0, 0.0]])  # invalid: the zero vector
     assert np.array_equal(group.rollouts[2].answers, [[0.0, 0.0]])  # failed to apply: zero
     assert group.rollouts[3].answers.shape == (0, 2)  # no answer at all: an empty set
+    assert [r.valid.tolist() for r in group.rollouts] == [[True], [False], [False], []]
 
 
 def test_pending_errors_and_other_versions_are_not_training_data(tmp_path):

@@ -73,8 +73,20 @@ def test_diversity_is_the_mean_pairwise_l1():
     assert stats.diversity(vectors) == pytest.approx(4 / 3)
     assert stats.diversity([[0.3, 0.2]] * 4) == 0.0  # duplicates: no diversity
     assert stats.diversity([[1, 2]]) is None  # one answer: undefined
-    # a failed answer is the zero vector: it is far from a good one
+    # (the report passes valid answers only: failures, all zero vectors, would look diverse)
     assert stats.diversity([[0, 0, 0], [0.5, 0.5, 0.5]]) == pytest.approx(1.5)
+
+
+def test_set_quality_values_whole_completions():
+    # m = 2: completions {(1,0), (0,1)} and {(0.3,0.3), (0.3,0.3)}. E_w max(w1, w2) = 3/4 for
+    # w ~ Dirichlet(1,1) (w1 uniform on [0,1]); the weak pair gives 0.3 whatever w.
+    q = stats.set_quality([[1, 0], [0, 1], [0.3, 0.3], [0.3, 0.3]], m=2)
+    assert q == pytest.approx((0.75 + 0.3) / 2, abs=0.01)
+    # the same answers paired the other way: E max(w1, 0.3) = 0.09 + 0.455 for both completions
+    other = stats.set_quality([[1, 0], [0.3, 0.3], [0, 1], [0.3, 0.3]], m=2)
+    assert other == pytest.approx(0.545, abs=0.01)  # sets, not answers drawn apart
+    assert stats.set_quality([[1, 0], [0, 1]], m=1) == pytest.approx(0.5, abs=0.02)  # m = 1: the mean
+    assert stats.set_quality([], m=3) is None
 
 
 def test_coverage_and_qd_score():
