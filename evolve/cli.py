@@ -358,7 +358,10 @@ def _compare_parser(sub) -> None:
     c.add_argument("--parallel", type=int, default=1, help="arms run at once (default: %(default)s)")
     c.add_argument("--port-base", type=int, default=8150,
                    help="with --parallel, embedded servers use ports from here (default: %(default)s)")
-    c.add_argument("--heldout-parents", type=int, default=4, help="held-out parents P (default: %(default)s)")
+    c.add_argument("--heldout-parents", type=int, default=8, help="held-out parents P, never the seed "
+                   "(default: %(default)s)")
+    c.add_argument("--heldout-from", type=Path, action="append", metavar="RUN_DIR",
+                   help="also draw held-out parents from this finished run of the same problem (repeatable)")
     c.add_argument("--heldout-samples", type=int, default=30, help="answers n per parent (default: %(default)s)")
     c.add_argument("--k-max", type=int, default=30, help="best@k, pass@k for k = 1..K (default: %(default)s)")
     c.add_argument("--skip-heldout", action="store_true", help="no held-out measurement")

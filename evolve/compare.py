@@ -113,7 +113,8 @@ def new_plan(args) -> Plan:
                           for p, path in zip(policies, args.policies)],
                 seeds=list(range(args.seeds)), budget=args.budget, max_llm_calls=args.max_llm_calls,
                 heldout={"parents": args.heldout_parents, "samples": args.heldout_samples, "k_max": k_max,
-                         "skip": args.skip_heldout})
+                         "skip": args.skip_heldout,
+                         "from": [str(Path(d).resolve()) for d in args.heldout_from or []]})
 
 
 def start_or_resume(wanted: Plan) -> Plan:
@@ -354,17 +355,38 @@ def _parents(plan: Plan, arms: list[Arm], problem, folder: Path) -> list[dict]:
     from . import heldout
 
     path = folder / "parents.json"
-    wanted = {"budget": plan.budget, "count": plan.heldout["parents"]}
+    others = plan.heldout.get("from", [])
+    wanted = {"budget": plan.budget, "count": plan.heldout["parents"], "from": others}
     if path.exists():
         stored = json.loads(path.read_text())
         if stored["made_for"] == wanted:
             return stored["parents"]
     urls = {a: database_url(a.dir, json.loads((a.dir / "run.json").read_text())) for a in arms}
-    sources = [(a.name, urls[a]) for a in arms if not a.trains]
+    sources = [(a.name, urls[a]) for a in arms if not a.trains] + [_other_run(d, problem) for d in others]
     trained = [urls[a] for a in arms if a.trains]
-    parents = heldout.choose_parents(problem, sources, trained, urls[arms[0]], plan.heldout["parents"])
+    parents = heldout.choose_parents(problem, sources, trained, plan.heldout["parents"])
+    if len(parents) < plan.heldout["parents"]:
+        raise CompareError(
+            f"held-out: {len(parents)} parent(s) where {plan.heldout['parents']} are needed: the elites of "
+            f"{'the frozen arms' if any(not a.trains for a in arms) else 'no frozen arm (none here)'}"
+            f"{' and of --heldout-from' if others else ''} that no training arm stored. Add a frozen arm, raise "
+            "--budget, or pass --heldout-from RUN_DIR (a finished run of the same problem), then "
+            f"`evolve compare --resume {plan.dir}`")
     path.write_text(json.dumps({"made_for": wanted, "parents": parents}, indent=1) + "\n")
     return parents
+
+
+def _other_run(run_dir: str, problem) -> tuple[str, str]:
+    """(name, db url) of a --heldout-from run, checked to be a run of the same problem."""
+    from . import heldout
+
+    spec_path = Path(run_dir) / "run.json"
+    if not spec_path.exists():
+        raise CompareError(f"--heldout-from {run_dir}: not a run directory (no run.json)")
+    url = database_url(Path(run_dir), json.loads(spec_path.read_text()))
+    if (name := heldout.run_problem_name(url)) != problem.name:
+        raise CompareError(f"--heldout-from {run_dir}: a run of problem {name!r}, not {problem.name!r}")
+    return f"from:{Path(run_dir).name}", url
 
 
 # ---- the command ----------------------------------------------------------------------------------
@@ -373,7 +395,10 @@ def compare(args) -> int:
     from .compare_report import write_report
 
     if args.resume:
-        plan = raise_budget(Plan.load(args.resume), args.budget)
+        plan = Plan.load(args.resume)
+        extra = [str(Path(d).resolve()) for d in getattr(args, "heldout_from", None) or []]
+        held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))} if extra else None
+        plan = raise_budget(plan, args.budget, held)
     else:
         if args.problem is None or not args.policies or args.budget is None:
             raise CompareError("give PROBLEM, --policies and --budget (or --resume DIR)")

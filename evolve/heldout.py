@@ -4,10 +4,12 @@ The protocol (DESIGN §8, the VPO paper's): give the policy a fixed set of paren
 trained on, sample a pool of n answers for each, evaluate every answer in the sandbox, and
 estimate from the pool what k answers would achieve (evolve/stats.py: best@k, pass@k).
 
-Held-out parents: the MAP-Elites elites of the comparison's frozen arms (the programs the search
-itself would pick as parents), drawn with a fixed rng, minus any program (by code) that a training
-arm ever stored, so no trained policy saw it in a prompt. When fewer exist (tiny runs, or no
-frozen arm) the seed program fills in, marked `held_out: false`: every arm has seen it.
+Held-out parents: the MAP-Elites elites of the comparison's frozen arms and of any run given with
+`--heldout-from` (the programs the search itself would pick as parents), drawn with a fixed rng,
+minus any program (by code) that a training arm ever stored, so no trained policy saw it in a
+prompt. Never the seed: every arm started from it and trained on its children. When fewer
+elites exist than asked for, the comparison says so and how to get more (a frozen arm, a larger
+budget, or `--heldout-from` a finished run of the same problem).
 
 Nothing here writes to an arm's database: the calls and evaluations made here are not part of
 any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.json, written after
@@ -37,12 +39,11 @@ SALT = 0x6E1D  # request seeds of held-out calls: the same for every arm, apart 
 
 
 # ---- choosing the parents -----------------------------------------------------------------------
-def choose_parents(problem: Problem, sources: list[tuple[str, str]], trained: list[str], seed_db: str,
+def choose_parents(problem: Problem, sources: list[tuple[str, str]], trained: list[str],
                    count: int, seed: int = 0) -> list[dict]:
     """Up to `count` held-out parents, as plain dicts (code, scores, inspirations, origin).
 
-    sources: (arm name, db url) of frozen arms; trained: db urls of training arms; seed_db: any
-    arm's database, for the seed program's stored scores.
+    sources: (name, db url) of frozen arms and other runs; trained: db urls of training arms.
     """
     seen = set().union(*(_code_hashes(url) for url in trained)) if trained else set()
     pool = []
@@ -53,11 +54,8 @@ def choose_parents(problem: Problem, sources: list[tuple[str, str]], trained: li
                 seen.add(program.code_hash)  # one copy of each program
     rng = np.random.default_rng([seed, SALT])
     picked = [pool[i] for i in sorted(rng.choice(len(pool), size=min(count, len(pool)), replace=False))]
-    parents = [_parent(arm, program, _inspirations(url, program, problem, rng), True)
-               for arm, url, program in picked]
-    if len(parents) < count:
-        parents.append(_parent("seed", _seed(seed_db), [], False))
-    return parents
+    return [_parent(arm, program, _inspirations(url, program, problem, rng), True)
+            for arm, url, program in picked]
 
 
 def _query(url: str, statement) -> list:
@@ -74,12 +72,15 @@ def _code_hashes(url: str) -> set[str]:
 
 
 def _elites(url: str) -> list:
+    """Elites other than the seed and its copies (migration copies a seed to other islands)."""
+    seeds = select(Program.code_hash).where(Program.origin == "seed")
     return _query(url, select(Program).join(Cell, Cell.program_id == Program.id)
-                  .where(Program.origin != "seed").order_by(Program.id))
+                  .where(Program.origin != "seed", Program.code_hash.not_in(seeds)).order_by(Program.id))
 
 
-def _seed(url: str):
-    return _query(url, select(Program).where(Program.origin == "seed").order_by(Program.id).limit(1))[0]
+def run_problem_name(url: str) -> str:
+    """The problem a stored run solved (for --heldout-from: it must be the comparison's)."""
+    return _query(url, select(Run.problem).order_by(Run.id).limit(1))[0][0]
 
 
 def _inspirations(url: str, parent, problem: Problem, rng) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -26,7 +27,7 @@ from evolve.config import Server, load_policy, load_problem
 from evolve.models import ensure_model
 from evolve.server import VLLMServer
 
-from scripted_run import ScriptedClient, write_problem  # noqa: E402
+from scripted_run import ScriptedClient, shared_run, write_problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL_MODEL = "smollm2-135m-instruct"
@@ -119,9 +120,15 @@ def db_numbers(arm_dir: Path) -> dict:
 
 
 # ---- the harness with a scripted LLM ---------------------------------------------------------------------
-def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted):
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    """A finished run of the same problem: where held-out parents come from when tiny arms have few."""
+    return shared_run(tmp_path_factory)
+
+
+def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted, other_run):
     args = compare_args(scripted, "--seeds", 2, "--budget", 6, "--heldout-parents", 2, "--heldout-samples", 5,
-                        "--k-max", 4)
+                        "--k-max", 4, "--heldout-from", other_run)
     assert main(args) == 0
     plan = json.loads((scripted.out / "compare.json").read_text())
     assert plan["budget"] == 6 and plan["seeds"] == [0, 1] and plan["heldout"]["k_max"] == 4
@@ -157,13 +164,14 @@ def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted
     assert line in md
 
 
-def test_heldout_pools_and_their_estimates(scripted):
+def test_heldout_pools_and_their_estimates(scripted, other_run):
     assert main(compare_args(scripted, "--seeds", 1, "--budget", 6, "--heldout-parents", 2,
-                             "--heldout-samples", 5, "--k-max", 4)) == 0
+                             "--heldout-samples", 5, "--k-max", 4, "--heldout-from", other_run)) == 0
     parents = json.loads((scripted.out / "heldout" / "parents.json").read_text())["parents"]
-    # frozen arms only: held-out parents are their elites (not the seed), or the seed fills in
-    assert 1 <= len(parents) <= 2
-    assert all(p["held_out"] == (p["source"] != "seed") for p in parents)
+    # elites of the frozen arms and of the other run, never the seed
+    seed_code = load_problem(scripted.problem).seed_code()
+    assert len(parents) == 2 and all(p["held_out"] and p["code"] != seed_code for p in parents)
+    assert {p["source"] for p in parents} <= {"alpha-s0", "beta-s0", f"from:{other_run.name}"}
     fig = json.loads((scripted.out / "report" / "figures.json").read_text())
     for arm in ("alpha-s0", "beta-s0"):
         record = json.loads((scripted.out / "heldout" / f"{arm}.json").read_text())
@@ -185,17 +193,37 @@ def test_heldout_pools_and_their_estimates(scripted):
     # the arms' databases know nothing of the held-out calls
     for arm in ("alpha-s0", "beta-s0"):
         assert db_numbers(scripted.out / "arms" / arm)["evaluations"] == 6
-    # a program any training arm stored is never held out: only the seed is left, marked as seen
+    # a program any training arm stored is never held out (and the seed never is)
     problem = load_problem(scripted.problem)
     url = f"sqlite:///{scripted.out / 'arms' / 'alpha-s0' / 'evolve.db'}"
-    [seed] = heldout.choose_parents(problem, [("alpha-s0", url)], [url], url, 3)
-    assert seed["source"] == "seed" and seed["held_out"] is False and seed["inspirations"] == []
-    picked = heldout.choose_parents(problem, [("alpha-s0", url)], [], url, 3)
-    assert picked == heldout.choose_parents(problem, [("alpha-s0", url)], [], url, 3)  # a fixed draw
+    assert heldout.choose_parents(problem, [("alpha-s0", url)], [url], 3) == []
+    picked = heldout.choose_parents(problem, [("alpha-s0", url)], [], 3)
+    assert picked == heldout.choose_parents(problem, [("alpha-s0", url)], [], 3)  # a fixed draw
     elites = {i for (i,) in query(scripted.out / "arms" / "alpha-s0" / "evolve.db",
                                   "SELECT program_id FROM cells c JOIN programs p ON p.id = c.program_id "
                                   "WHERE p.origin != 'seed'")}
     assert {p["id"] for p in picked if p["held_out"]} <= elites
+
+
+def test_too_few_heldout_parents_is_one_clear_error_and_heldout_from_fixes_it(scripted, other_run, capsys, tmp_path):
+    args = compare_args(scripted, "--seeds", 1, "--budget", 3, "--heldout-samples", 2, "--k-max", 2)
+    assert main(args) != 0  # 8 parents (the default) from two frozen arms of 3 evaluations: too few
+    err = capsys.readouterr().err
+    assert "held-out:" in err and "are needed" in err and "--heldout-from RUN_DIR" in err
+    assert main(["compare", "--resume", str(scripted.out), "--heldout-from", str(other_run), "--no-dashboard"]) == 0
+    parents = json.loads((scripted.out / "heldout" / "parents.json").read_text())["parents"]
+    assert len(parents) == 8 and any(p["source"] == f"from:{other_run.name}" for p in parents)
+    # a run of another problem is refused
+    wrong = tmp_path / "wrong"
+    shutil.copytree(other_run, wrong)
+    with sqlite3.connect(wrong / "evolve.db") as conn:
+        conn.execute("UPDATE runs SET problem = 'something_else'")
+    spec = json.loads((wrong / "run.json").read_text())
+    spec["db_url"] = f"sqlite:///{wrong / 'evolve.db'}"
+    (wrong / "run.json").write_text(json.dumps(spec))
+    (scripted.out / "heldout" / "parents.json").unlink()
+    assert main(["compare", "--resume", str(scripted.out), "--heldout-from", str(wrong), "--no-dashboard"]) != 0
+    assert "a run of problem 'something_else'" in capsys.readouterr().err
 
 
 def test_rerun_resumes_only_unfinished_arms_and_a_raised_budget_continues_every_arm(scripted):
@@ -335,7 +363,7 @@ TRAIN = """train: {algorithm: grpo, train_every_answers: 1, lora_rank: 8, target
 
 
 @pytest.mark.real
-def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch):
+def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_run):
     """Two SmolLM2 arms (frozen, and GRPO training a LoRA after every group), one seed, a tiny budget.
 
     SmolLM2 makes almost no valid mutation, so the LLM-call guard usually ends the arms; what is
@@ -352,7 +380,8 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # the machine is shared: a small KV cache is plenty
     cmd = [sys.executable, "-m", "evolve.cli", "compare", str(problem), "--policies", str(frozen), str(grpo),
            "--seeds", "1", "--budget", "2", "--max-llm-calls", "2", "--heldout-parents", "1",
-           "--heldout-samples", "2", "--k-max", "2", "--out", str(out), "--no-dashboard"]
+           "--heldout-samples", "2", "--k-max", "2", "--out", str(out), "--no-dashboard",
+           "--heldout-from", str(other_run)]  # SmolLM2's arms store almost no elite
     settings = Server(port=SMOL_PORT, max_model_len=4096, extra_args=["--enforce-eager"])
     with VLLMServer(ensure_model(SMOL_MODEL), SMOL_MODEL, settings, tmp_path / "vllm.log", lora_rank=8):
         started = time.time()
