@@ -217,6 +217,15 @@ class Sampling(Strict):
     max_prompt_tokens: int = Field(default=6000, ge=256)
 
 
+class Guard(Strict):
+    """A new policy version serves only if, on held-out parents, it is not worse than the one
+    it would replace (issue: a learning mutator must not get worse)."""
+    parents: int = Field(default=4, ge=1)  # archive elites never used as a training parent
+    answers: int = Field(default=8, ge=1)  # per parent and version
+    # the largest allowed drop of the valid-answer rate and of the improving rate (absolute)
+    margin: float = Field(default=0.1, ge=-1.0, le=1.0)
+
+
 class Train(Strict):
     """The RL hook's settings (DESIGN §7). Absent from a policy = a frozen mutator."""
     algorithm: Literal["grpo", "vpo"]
@@ -240,6 +249,7 @@ class Train(Strict):
     # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None
+    guard: Guard | None = Field(default_factory=Guard)  # null: every step serves at once
 
     @model_validator(mode="before")
     @classmethod

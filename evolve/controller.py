@@ -217,7 +217,7 @@ class Controller:
             await self._drain()
             # Not already done by the other loop, and some budget left to use the new policy on.
             if self.hook.due() and self._budget_left() is None:
-                await self.hook.step(self.client)
+                await self.hook.step(self.client, self.evaluator)
 
     async def _one_group(self) -> None:
         call_index = self.base_calls + self.stats.calls

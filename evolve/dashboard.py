@@ -312,6 +312,10 @@ def rl_panel(s: Snapshot) -> Panel:
         t.add_column(justify="right")
         t.add_row("last step", f"{last['algorithm']} -> v{last['version']} at "
                                f"{time.strftime('%H:%M:%S', time.localtime(last['started_at']))}")
+        if last.get("guard"):
+            verdict = "served" if last.get("published") else "NOT served"
+            t.add_row("guard", Text(f"{verdict}: {last['guard'].get('why', '')}",
+                                    style="green" if last.get("published") else "bold red"))
         t.add_row("loss", f"{last['loss']:.4g}")
         t.add_row("KL", f"{last['kl']:.4g}")
         t.add_row("mean |advantage|", f"{last['mean_abs_advantage']:.4g}")
@@ -323,7 +327,24 @@ def rl_panel(s: Snapshot) -> Panel:
         t.add_row("adapter", f"v{rl.version}" + (f"  {Path(rl.adapter).name}" if rl.adapter else ""))
         t.add_row("training total", f"{rl.steps} steps, {duration(rl.train_s)}")
         body = t
+    if rl.versions:
+        body = Group(body, versions_table(rl.versions[-VERSION_ROWS:]))
     return Panel(body, title="RL hook", title_align="left", border_style="blue")
+
+
+VERSION_ROWS = 5  # the newest versions in the dashboard; `evolve status` and export show all
+
+
+def versions_table(versions) -> Table:
+    """Per policy version: does learning help? (evolve.snapshot.VersionRates)"""
+    t = Table(title="mutator quality per policy version", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("version", "answers", "applied", "valid", "improving", "same", "tok/s"):
+        t.add_column(col, justify="right")
+    for v in versions:
+        t.add_row(f"v{v.version}", str(v.answers), pct(v.rate(v.applied)), pct(v.rate(v.valid)),
+                  pct(v.rate(v.better)), pct(v.rate(v.same)),
+                  f"{v.tokens_per_s:.0f}" if v.tokens_per_s is not None else "-")
+    return t
 
 
 def events_panel(events, lines: int = 8, height: int | None = None) -> Panel:
@@ -388,7 +409,8 @@ def screen(s: Snapshot, events, view: View | None = None, hint: str = "") -> Lay
     """The full-terminal arrangement used by the live display; recent events take the spare rows."""
     grid_rows = (s.axes[1].bins if len(s.axes) > 1 else 1) + 4
     islands_rows = len(s.islands) + 6
-    rl_rows = 13 if s.rl.last else 3
+    versions = min(len(s.rl.versions), VERSION_ROWS)
+    rl_rows = (14 if s.rl.last else 3) + (versions + 4 if versions else 0)  # title, header, rule, gap
     right_rows = [len(s.components) + 6, 11, rl_rows]
     body_rows = max(islands_rows + grid_rows, sum(right_rows))
     left = Layout(name="left", ratio=3)

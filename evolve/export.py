@@ -9,7 +9,9 @@ Writes into the output folder:
   this process: the best program runs again in the problem's sandbox, exactly as in an
   evaluation, and only the plain data it returns is drawn;
 - programs.csv: every program (no code), one row each; archive.json: the MAP-Elites elites
-  with their code, the best program and the run's settings.
+  with their code, the best program and the run's settings;
+- policy_versions.csv and policy_versions.png (runs that train): per policy version, the
+  answers, applied, valid, improving and same-as-parent rates and tokens/s: does learning help?
 
 The run's database is only read.
 """
@@ -52,6 +54,9 @@ def export(run_dir: Path, spec: dict, out: Path, backend: str | None = None) -> 
                write_archive_json(snap, elites, out / "archive.json"),
                plot_progress(snap, evaluated, out / "best_vs_evaluations.png"),
                plot_grids(snap, out / "map_elites.png")]
+    if snap.rl.versions:
+        written += [write_versions_csv(snap, out / "policy_versions.csv"),
+                    plot_versions(snap, out / "policy_versions.png")]
     drawing = draw_best(snap, best_code, spec, out / "best_program.png", backend)
     written.append(drawing)
     for path in written:
@@ -179,6 +184,44 @@ def plot_progress(snap: Snapshot, evaluated, path: Path) -> Path:
                   f"{best.headline:.6f} (#{best.id})" if best else f"{snap.problem} · {snap.run}", fontsize=10)
     bottom.set_xlabel(f"evaluations ({total} of a budget of {snap.budget})")
     bottom.set_xlim(0, max(total, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+VERSION_RATES = (("applied", "applied"), ("valid", "valid"), ("improving", "better"), ("same as parent", "same"))
+
+
+def write_versions_csv(snap: Snapshot, path: Path) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["version", "calls", "answers", "applied", "valid", "improving", "same", "tokens", "tokens_per_s"])
+        for v in snap.rl.versions:
+            w.writerow([v.version, v.calls, v.answers, v.applied, v.valid, v.better, v.same, v.tokens,
+                        "" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}"])
+    return path
+
+
+def plot_versions(snap: Snapshot, path: Path) -> Path:
+    """The rates of each policy version's answers: does the mutator get better as it learns?"""
+    plt = _pyplot()
+    versions = snap.rl.versions
+    x = [v.version for v in versions]
+    fig, (rates, speed) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for label, field in VERSION_RATES:
+        rates.plot(x, [v.rate(getattr(v, field)) for v in versions], marker="o", label=label)
+    rates.set_ylabel("share of the version's answers")
+    rates.set_ylim(0, 1)
+    rates.grid(alpha=0.3)
+    rates.legend(fontsize=8)
+    rates.set_title(f"{snap.problem} · {snap.run}: mutator quality per policy version "
+                    f"({snap.rl.algorithm})", fontsize=10)
+    speed.plot(x, [v.tokens_per_s for v in versions], marker="o", color="0.3")
+    speed.set_ylabel("tokens/s")
+    speed.set_xlabel("policy version (0 = base model)")
+    speed.set_xticks(x)
+    speed.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

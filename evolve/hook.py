@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from sqlalchemy import func, select
 from . import advantages
 from .config import Policy, Problem
 from .database import ProgramDatabase
+from .guard import Guard
 from .rollouts import Group, complete_groups
 from .schema import LLMCall, PolicyVersion, TrainingStep
 
@@ -43,6 +45,8 @@ class RLHook:
         self.trainer = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
         self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
+        self.guard = Guard(self.train.guard, problem, policy, db) if self.train.guard is not None else None
+        self.saved: dict | None = None  # the trainer's state before the step, while the guard decides
 
     # ---- when -------------------------------------------------------------------------------
     def groups_per_step(self) -> int:
@@ -76,7 +80,7 @@ class RLHook:
                       f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
 
     # ---- one step ---------------------------------------------------------------------------
-    async def step(self, client) -> TrainingStep | None:
+    async def step(self, client, evaluator=None) -> TrainingStep | None:
         current = self.db.policy_version()
         groups = self._groups(current.version)
         if not groups:  # due() said generated; the controller drained: they must be complete
@@ -96,19 +100,40 @@ class RLHook:
         path = self.adapters / f"v{new}"
         name = f"{self.policy.name}-v{new}"
         step.load_s = await load_adapter(self.server_url, name, str(path))
-        self.db.add(PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path)))
         step.run_id, step.version = self.db.run_id, new
         step.groups, step.reward_mean = len(groups), float(np.mean(np.concatenate(rewards)))
         step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
+        step.published = True
+        if self.guard is not None and evaluator is not None:
+            step.guard = await self.guard.check(client, (current.version, current.model), (new, name), evaluator)
+            step.published = step.guard["ok"]
+            if not step.published:
+                return await self._refuse(step, name, path, current)
+        self.db.add(PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path)))
         self.db.add(step)
         client.model = name
         if current.version > 0:  # the old adapter is never asked for again
             await unload_adapter(self.server_url, current.model)
+        guard = f", guard: {step.guard['why']}" if step.guard else ""
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"loaded {step.load_s:.2f} s", version=new, loss=step.loss, kl=step.kl,
+                  f"loaded {step.load_s:.2f} s{guard}", version=new, loss=step.loss, kl=step.kl,
                   mean_abs_advantage=step.mean_abs_advantage, train_s=step.train_s, load_s=step.load_s)
         return step
+
+    async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion) -> None:
+        """The guard found the new version worse: it never serves, the trainer goes back to the
+        state it had before the step, and the hook waits for a step's worth of new groups."""
+        await unload_adapter(self.server_url, name)
+        await asyncio.to_thread(self.trainer.restore, self.saved)
+        shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
+        self.held_since = time.time()
+        self.db.add(step)
+        cost = step.guard["after"]["seconds"] if "after" in step.guard else 0.0
+        self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: "
+                  f"{step.guard['why']} (guard: {step.guard['parents']} held-out parents, {cost:.0f} s)",
+                  version=current.version, refused=step.version, published=False, why=step.guard["why"])
+        return None
 
     def advantages(self, groups: list[Group], version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per group: (advantage per rollout, the algorithm's reward per rollout)."""
@@ -136,6 +161,7 @@ class RLHook:
             adapter = Path(current.adapter_path) if current.adapter_path else None
             self.trainer = Trainer(self.model_dir, self.train, self.policy.sampling.temperature, adapter)
         started = time.time()
+        self.saved = self.trainer.checkpoint() if self.guard is not None else None
         stats = self.trainer.step([self.trainer.encode(g, a) for g, a in zip(groups, adv)], self.stop)
         self.trainer.save(self.adapters / f"v{current.version + 1}")
         return TrainingStep(algorithm=self.train.algorithm, rollouts=stats.rollouts, loss=stats.loss,
@@ -173,6 +199,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
 
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
+    hook.guard = None  # offline: no server to measure on, every adapter is written
     groups = complete_groups(db.session, db.run_id, hook.components)
     size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]

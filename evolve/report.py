@@ -17,7 +17,7 @@ from rich.text import Text
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from .dashboard import duration, islands_panel, num, pct, rl_panel
+from .dashboard import VERSION_ROWS, duration, islands_panel, num, pct, rl_panel, versions_table
 from .events import printable
 from .schema import Completion, LLMCall, Program, Run
 from .schema import Session as RunSession
@@ -78,6 +78,8 @@ def print_status(run_dir: Path, spec: dict, console: Console | None = None) -> i
     console.print(head)
     console.print(islands_panel(s))
     console.print(rl_panel(s))
+    if len(s.rl.versions) > VERSION_ROWS:  # the panel shows the newest: here, every version
+        console.print(versions_table(s.rl.versions))
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -152,6 +152,11 @@ class TrainingStep(Base):
     load_s: Mapped[float | None] = mapped_column(Float)  # hot-loading into the server
     peak_rss_mb: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[float] = mapped_column(Float, default=now)
+    # The guard's verdict: False when the version was measured worse than its predecessor on
+    # held-out parents and never served. guard: the measured rates of both, and the cost.
+    # Deferred: older schemas lack them.
+    published: Mapped[bool | None] = mapped_column(Boolean, deferred=True)
+    guard: Mapped[dict | None] = mapped_column(JSON, deferred=True)
 
 
 class Tuning(Base):

@@ -16,15 +16,15 @@ from pathlib import Path
 from urllib.parse import quote
 
 import yaml
-from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy import case, create_engine, func, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 
 from pydantic import ValidationError
 
 from .config import Problem
-from .schema import (Cell, Evaluation, Island, LLMCall, PolicyVersion, Program, Run, TrainingStep,
-                     Tuning)
+from .schema import (Cell, Completion, Evaluation, Island, LLMCall, PolicyVersion, Program, Run,
+                     TrainingStep, Tuning)
 from .schema import Session as RunSession
 
 WINDOW_S = 300.0  # throughput is measured over the last five minutes of activity
@@ -131,6 +131,28 @@ class RLStatus:
     adapter: str | None
     train_s: float  # training plus hot-loading, all steps
     last: dict | None  # the newest training step's columns
+    versions: tuple = ()  # VersionRates per policy version, oldest first (runs that train)
+
+
+@dataclass(frozen=True)
+class VersionRates:
+    """The mutator's quality under one policy version: does learning help?"""
+    version: int
+    calls: int
+    answers: int  # mutation children asked for (one per answer)
+    applied: int  # the answer applied to its parent
+    valid: int  # ... and its child scored (status ok)
+    better: int  # ... and beat its parent (the improving-children rate)
+    same: int  # its child was its parent again (the same outputs) or a stored program
+    tokens: int
+    llm_s: float  # summed latency of its calls
+
+    def rate(self, count: int) -> float | None:
+        return count / self.answers if self.answers else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.llm_s if self.llm_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -229,6 +251,7 @@ class RunReader:
         self.acc = _Acc()
         self._tables: set[str] = set()
         self._beats: bool | None = None  # sessions.heartbeat_at exists (revision 0004)
+        self._guards: bool | None = None  # training_steps.published exists (revision 0005)
         self._best_detail: Best | None = None
 
     # -- connection ---------------------------------------------------------------------------
@@ -408,7 +431,7 @@ class RunReader:
                                .where(PolicyVersion.run_id == rid)
                                .order_by(PolicyVersion.version.desc()).limit(1)).first()
         return {"cells": cells, "islands": islands, "sessions": sessions, "version": version,
-                "training": self._read_training(conn)}
+                "training": self._read_training(conn), "versions": self._read_versions(conn)}
 
     def _heartbeats(self, conn) -> bool:
         """Whether sessions have heartbeats (revision 0004 on)."""
@@ -416,9 +439,38 @@ class RunReader:
             self._beats = any(c["name"] == "heartbeat_at" for c in inspect(conn).get_columns("sessions"))
         return self._beats
 
+    def _guarded(self, conn) -> bool:
+        """Whether training steps record the guard's verdict (revision 0005 on)."""
+        if self._guards is None:
+            self._guards = any(c["name"] == "published" for c in inspect(conn).get_columns("training_steps"))
+        return self._guards
+
     def _has(self, table: str) -> bool:
         """Whether the schema has this table yet (a run from an older evolve may not)."""
         return table in self._tables
+
+    def _read_versions(self, conn) -> tuple:
+        """Per policy version: answers, applied, valid, improving, same, tokens/s (runs that train)."""
+        if self.algorithm is None or not self._has("tunings"):  # frozen, or no outcomes (< 0003)
+            return ()
+        rid = self.run_id
+        calls = {r.policy_version: r for r in conn.execute(
+            select(LLMCall.policy_version, func.count(LLMCall.id).label("calls"),
+                   func.coalesce(func.sum(LLMCall.completion_tokens), 0).label("tokens"),
+                   func.coalesce(func.sum(LLMCall.latency_s), 0.0).label("llm_s"))
+            .where(LLMCall.run_id == rid, LLMCall.error.is_(None)).group_by(LLMCall.policy_version))}
+        kids = {r.policy_version: r for r in conn.execute(
+            select(LLMCall.policy_version, func.count(Program.id).label("answers"),
+                   func.sum(case((Program.status != "mutation_failed", 1), else_=0)).label("applied"),
+                   func.sum(case((Program.status == "ok", 1), else_=0)).label("valid"),
+                   func.sum(case((Program.outcome == "better", 1), else_=0)).label("better"),
+                   func.sum(case((Program.outcome == "same", 1), else_=0)).label("same"))
+            .join(Completion, Completion.id == Program.completion_id)
+            .join(LLMCall, LLMCall.id == Completion.call_id)
+            .where(LLMCall.run_id == rid, Program.origin == "mutation").group_by(LLMCall.policy_version))}
+        return tuple(VersionRates(v, calls[v].calls, *(int(getattr(kids.get(v), k, 0) or 0) for k in
+                                                        ("answers", "applied", "valid", "better", "same")),
+                                  int(calls[v].tokens), float(calls[v].llm_s)) for v in sorted(calls))
 
     def _read_training(self, conn) -> tuple[int, float, dict | None]:
         if not self._has("training_steps"):  # an older schema (revision 0001), or not yet
@@ -430,7 +482,9 @@ class RunReader:
             select(func.count(TrainingStep.id),
                    func.sum(TrainingStep.train_s + func.coalesce(TrainingStep.load_s, 0.0)))
             .where(TrainingStep.run_id == rid)).one()
-        last = conn.execute(select(TrainingStep.__table__).where(TrainingStep.run_id == rid)
+        columns = [c for c in TrainingStep.__table__.columns
+                   if c.name not in ("published", "guard") or self._guarded(conn)]
+        last = conn.execute(select(*columns).where(TrainingStep.run_id == rid)
                             .order_by(TrainingStep.id.desc()).limit(1)).mappings().first()
         return count, spent or 0.0, dict(last) if last else None
 
@@ -438,7 +492,7 @@ class RunReader:
         self.acc.last_activity = max(self.acc.last_activity, t)
 
     # -- assembling ---------------------------------------------------------------------------
-    def _build(self, now, cells, islands, sessions, version, training) -> Snapshot:
+    def _build(self, now, cells, islands, sessions, version, training, versions=()) -> Snapshot:
         acc = self.acc
         state, elapsed, live = _session_state(sessions, now)
         budget = self.spec.get("budget", {})
@@ -464,7 +518,8 @@ class RunReader:
             throughput=through,
             rl=RLStatus(trains=self.algorithm is not None, algorithm=self.algorithm,
                         steps=steps, version=version.version if version else 0,
-                        adapter=version.adapter_path if version else None, train_s=spent, last=last),
+                        adapter=version.adapter_path if version else None, train_s=spent, last=last,
+                        versions=versions),
             operators=self._operators(), backend=acc.backend)
 
     def _operators(self) -> dict:

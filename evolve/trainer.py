@@ -11,6 +11,7 @@ is exactly the gradient of running every prompt+completion pair separately
 """
 from __future__ import annotations
 
+import copy
 import resource
 import threading
 import time
@@ -205,6 +206,19 @@ class Trainer:
         # Token 0 is predicted by the prompt's last position, token t by completion position t-1.
         logits = torch.cat([first_logits.expand(len(comps), -1)[:, None], logits], dim=1)
         return token_logprobs(logits, ids, self.temperature), mask
+
+    # ---- rolling back a step the guard refused ----------------------------------------------
+    def checkpoint(self) -> dict:
+        """The trainable weights and the optimizer state, copied (a LoRA: a few MB)."""
+        return {"weights": {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def restore(self, saved: dict) -> None:
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                if n in saved["weights"]:
+                    p.copy_(saved["weights"][n])
+        self.optimizer.load_state_dict(saved["optimizer"])
 
     # ---- saving ----------------------------------------------------------------------------
     def save(self, path: Path) -> Path:

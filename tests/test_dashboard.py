@@ -488,3 +488,31 @@ def test_candidate_text_reaches_the_terminal_without_control_sequences(copy, cap
     assert "cleared" in out and "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     line = Event("llm_error", f"answer: {HOSTILE_TEXT}").line()
     assert "cleared" in line and "\x1b" not in line and "\u202e" not in line
+
+
+def test_mutator_quality_per_policy_version_matches_the_database(copy, capsys):
+    with sqlite3.connect(copy / "evolve.db") as conn:
+        conn.execute("UPDATE runs SET policy_yaml=?", (TRAIN_POLICY,))
+        conn.execute("UPDATE llm_calls SET policy_version = 1 WHERE id > (SELECT max(id) / 2 FROM llm_calls)")
+        truth = {v: row for v, *row in conn.execute(
+            "SELECT c.policy_version, count(p.id), sum(p.status != 'mutation_failed'), sum(p.status = 'ok'), "
+            "sum(p.outcome = 'better'), sum(p.outcome = 'same') FROM programs p "
+            "JOIN completions k ON k.id = p.completion_id JOIN llm_calls c ON c.id = k.call_id "
+            "WHERE p.origin = 'mutation' GROUP BY c.policy_version")}
+        tokens = dict(conn.execute("SELECT policy_version, sum(completion_tokens) FROM llm_calls "
+                                   "WHERE error IS NULL GROUP BY policy_version").fetchall())
+    s = snapshot(copy)
+    assert [v.version for v in s.rl.versions] == [0, 1]
+    for v in s.rl.versions:
+        assert [v.answers, v.applied, v.valid, v.better, v.same] == truth[v.version]
+        assert v.tokens == tokens[v.version]
+    assert sum(v.better for v in s.rl.versions) > 0 and sum(v.valid for v in s.rl.versions) > 0
+    text = render(stacked(s, []))
+    assert "mutator quality per policy version" in text
+    v0 = s.rl.versions[0]
+    assert re.search(rf"v0\s+{v0.answers}\s+{re.escape(f'{v0.applied / v0.answers:.1%}')}", text), text
+    assert main(["status", str(copy)]) == 0 and "mutator quality per policy version" in capsys.readouterr().out
+    assert main(["export", str(copy), "--out", str(copy / "out")]) == 0
+    rows = (copy / "out" / "policy_versions.csv").read_text().splitlines()
+    assert rows[0].startswith("version,calls,answers") and len(rows) == 3
+    assert (copy / "out" / "policy_versions.png").stat().st_size > 0

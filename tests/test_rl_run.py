@@ -43,9 +43,36 @@ model: {MODEL}
 server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
 sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
 answer_format: rewrite
-train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4}}
-""")
+train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4, guard: null}}
+""")  # no guard here: this test is about the plumbing of every step (the guard has its own test)
     return path
+
+
+# Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
+# CPU backend and torch, so exact equality is not expected; an adapter that was not the trained
+# one (or not loaded at all) moves them by far more.
+SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
+
+
+def served_vs_trained(server: VLLMServer, version) -> dict:
+    import torch
+    from transformers import AutoTokenizer
+
+    from evolve.config import Train
+    from evolve.trainer import Sequence, Trainer
+
+    body = {"model": version.model, "messages": PROMPT, "max_tokens": 24, "temperature": 0, "seed": 7,
+            "logprobs": True, "return_token_ids": True}
+    choice = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=300).json()["choices"][0]
+    served = [t["logprob"] for t in choice["logprobs"]["content"]]
+    model_dir = ensure_model(MODEL)
+    prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
+        PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)
+    trainer = Trainer(model_dir, Train(algorithm="grpo"), temperature=1.0, adapter=version.adapter_path)
+    seq = Sequence(torch.tensor(prompt), [torch.tensor(choice["token_ids"])], torch.zeros(1))
+    trained = trainer._logprobs(seq, adapter=True, stop=None)[0, :len(served)].tolist()
+    gaps = [abs(a - b) for a, b in zip(served, trained)]
+    return {"mean": sum(gaps) / len(gaps), "max": max(gaps), "tokens": len(gaps)}
 
 
 def first_tokens(server: VLLMServer, model: str) -> tuple[str, list[float]]:
@@ -69,8 +96,9 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
         versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
         calls = s.scalars(select(LLMCall).order_by(LLMCall.id)).all()
         assert steps, first.stdout
-        assert [v.version for v in versions] == list(range(len(versions))) and len(versions) == len(steps) + 1
-        for step in steps:
+        served = [st for st in steps if st.published]
+        assert [v.version for v in versions] == list(range(len(versions))) and len(versions) == len(served) + 1
+        for step in served:
             assert math.isfinite(step.loss) and step.kl >= 0 and step.train_s > 0 and step.load_s > 0
             assert (run_dir / "adapters" / f"v{step.version}" / "adapter_config.json").exists()
         # Each call records the version that produced it, and was routed to that version's model.
@@ -91,6 +119,11 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
     diff = max(abs(a - b) for a, b in zip(base_lp, tuned_lp))
     assert tuned_text != base_text or diff > 1e-3, (base_text, tuned_text, diff)
 
+    # Served equals trained: the trainer, loading the same adapter from disk, gives the tokens
+    # vLLM chose the log-probs vLLM reported (both bf16 bodies; the trainer's head in fp32).
+    gap = served_vs_trained(server, latest)
+    assert gap["mean"] < SERVED_TOLERANCE["mean"] and gap["max"] < SERVED_TOLERANCE["max"], gap
+
     # A resume serves the latest adapter again before its first call.
     second = evolve("resume", run_dir, "--max-llm-calls", 5)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -100,3 +133,57 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
         assert call.policy_version >= latest.version and call.error is None
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert {"training", "adapter"} <= {e["kind"] for e in events}
+
+
+# `evolve run` with a trainer that breaks every adapter it saves (random LoRA B weights): the
+# guard must measure the new version worse on held-out parents and never serve it.
+BROKEN_TRAINER = f"""
+import sys, torch
+sys.path.insert(0, {str(ROOT)!r})
+import evolve.trainer as trainer
+real_save = trainer.Trainer.save
+def save(self, path):
+    with torch.no_grad():
+        for name, p in self.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 1.0)
+    return real_save(self, path)
+trainer.Trainer.save = save
+from evolve.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
+    import subprocess
+    import sys
+
+    policy = tmp_path / "guarded.yaml"
+    policy.write_text(f"""
+name: test-guarded
+model: {MODEL}
+server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
+sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
+answer_format: rewrite
+train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4,
+         guard: {{parents: 2, answers: 8, margin: 0.05}}}}
+""")
+    script = tmp_path / "broken_evolve.py"
+    script.write_text(BROKEN_TRAINER)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
+                           "--run-dir", str(run_dir), "--max-llm-calls", "3", "--no-dashboard",
+                           "--set", "task=HumanEval/0", "--set", "budget.target_objective=null"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with db_session(run_dir) as s:
+        steps = s.scalars(select(TrainingStep)).all()
+        measured = [st for st in steps if st.guard and st.guard.get("after")]
+        assert measured, (done.stdout[-3000:], [st.guard for st in steps])
+        for st in measured:
+            assert st.published is False and "worse than v0" in st.guard["why"]
+            assert st.guard["after"]["valid"] < st.guard["before"]["valid"]
+        assert [v.version for v in s.scalars(select(PolicyVersion))] == [0]  # nothing else served
+        assert {c.policy_version for c in s.scalars(select(LLMCall))} == {0}
+    assert "not published, v0 keeps serving" in done.stdout
+    assert not list((run_dir / "adapters").glob("v*")) if (run_dir / "adapters").exists() else True
