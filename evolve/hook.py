@@ -105,7 +105,8 @@ class RLHook:
         step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
         step.published = True
         if self.guard is not None and evaluator is not None:
-            step.guard = await self.guard.check(client, (current.version, current.model), (new, name), evaluator)
+            # client.model: the name the current version is served under ("base" is only its label)
+            step.guard = await self.guard.check(client, (current.version, client.model), (new, name), evaluator)
             step.published = step.guard["ok"]
             if not step.published:
                 return await self._refuse(step, name, path, current)
