@@ -479,7 +479,7 @@ class Controller:
         self.emit(
             "progress",
             f"[{done}/{self.budget.max_evaluations} evals] "
-            f"best {self.problem.headline}={best.headline:.6f} (#{best.id}) | applied {valid} | "
+            f"best {self.problem.headline}={_six(best.headline)} (#{best.id}) | applied {valid} | "
             f"{statuses} | {s.evaluated / minutes:.1f} evals/min | "
             f"{s.tokens / (minutes * 60):.0f} tok/s",
             evaluations=done, budget=self.budget.max_evaluations, best=best.id)
@@ -488,10 +488,15 @@ class Controller:
         """'n26 = 2.166667, objective 0.8658', or just the objective when that is the headline."""
         if self.problem.headline == "objective":
             return f"objective {result.objective:.4f}"
-        return f"{self.problem.headline} = {result.headline:.6f}, objective {result.objective:.4f}"
+        return f"{self.problem.headline} = {_six(result.headline)}, objective {result.objective:.4f}"
 
     def emit(self, kind: str, message: str, **fields) -> None:
         self.report(Event(kind, message, fields))
+
+
+def _six(headline: float | None) -> str:
+    """A headline value; None where the program is valid on other components only."""
+    return "invalid" if headline is None else f"{headline:.6f}"
 
 
 def request_seed(run_seed: int, call_index: int) -> int:

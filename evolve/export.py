@@ -28,6 +28,7 @@ from sqlalchemy import select
 from .config import ConfigError, run_problem
 from .evaluator import load_scorer
 from .schema import Cell, Evaluation, Program
+from .dashboard import num
 from .snapshot import InspectError, RunReader, Snapshot
 
 DPI = 130
@@ -181,7 +182,7 @@ def plot_progress(snap: Snapshot, evaluated, path: Path) -> Path:
     top.legend(loc="lower right", fontsize=8)
     best = snap.best
     top.set_title(f"{snap.problem} · {snap.run}: best {snap.headline} "
-                  f"{best.headline:.6f} (#{best.id})" if best else f"{snap.problem} · {snap.run}", fontsize=10)
+                  f"{num(best.headline)} (#{best.id})" if best else f"{snap.problem} · {snap.run}", fontsize=10)
     bottom.set_xlabel(f"evaluations ({total} of a budget of {snap.budget})")
     bottom.set_xlim(0, max(total, 1))
     fig.tight_layout()

@@ -91,7 +91,12 @@ def scores_line(program, problem: Problem) -> str:
     if program.status != "ok":
         return f"status {program.status}"
     comps = ", ".join(f"{k}={v:.4f}" for k, v in (program.fitness or {}).items())
-    head = "" if problem.headline == "objective" else f"{problem.headline} = {program.headline:.6f}; "
+    if problem.headline == "objective":
+        head = ""
+    elif program.headline is None:  # valid on other components, not on the headline's
+        head = f"{problem.headline} invalid; "
+    else:
+        head = f"{problem.headline} = {program.headline:.6f}; "
     return f"{head}objective {program.objective:.4f}; normalised components: {comps}"
 
 

@@ -26,6 +26,14 @@ def test_prompt_has_problem_parent_scores_and_example():
     assert user.index("Inspiration 1") < user.index("Current program")  # parent last, next to the task
 
 
+def test_a_program_valid_but_not_on_its_headline_component_is_described():
+    # status ok needs one valid component; the headline's may have failed (seen in a run)
+    partial = Program(code=SEED, status="ok", objective=0.7, headline=None,
+                      fitness={c.name: 0.0 if c.name == "n26" else 0.8 for c in PROBLEM.components})
+    user = build_messages(PROBLEM, prog(0.8), [partial], m=1, max_prompt_tokens=6000)[-1]["content"]
+    assert "Inspiration 1 (n26 invalid; objective 0.7000" in user
+
+
 def test_multi_answer_prompt_names_numbered_sections():
     user = build_messages(PROBLEM, prog(0.8), [], m=3, max_prompt_tokens=6000)[-1]["content"]
     assert "3 genuinely different" in user
