@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from evolve.config import load_problem
 from evolve.database import connect
 from evolve.schema import Evaluation, LLMCall, Program, Tuning
+from evolve.schema import Session as RunSession
 from overhead import union_length  # a sibling script: run this one as tests/benchmarks/search.py
 
 ARMS = {
@@ -67,11 +68,21 @@ def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, polic
     return run_dir
 
 
+def active_clock(launches: list[float], sessions: list[tuple]) -> callable:
+    """Seconds of the run's own time at a moment: from each launch (server start-up included)
+    to the end of the session it opened; the gap before a resume does not count."""
+    intervals = []
+    for launch in launches:
+        ends = [end for start, end in sessions if start >= launch]
+        intervals.append((launch, ends[0] if ends else launch))
+    return lambda t: sum(max(0.0, min(t, end) - start) for start, end in intervals)
+
+
 def measure(run_dir: Path, minutes: float) -> dict:
-    """The figures of one run, cut at `minutes` of wall time after its (first) launch."""
+    """The figures of one run, cut at `minutes` of its own time (from its launch, server
+    start-up included; a resumed run's sessions add up, the time between them does not)."""
     meta = json.loads((run_dir / "bench.json").read_text())
     spec = json.loads((run_dir / "run.json").read_text())
-    t0 = meta["launches"][0]
     with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
         rows = s.execute(select(Program.id, Program.origin, Program.status, Program.objective,
                                 Program.headline, Program.outcome, Program.duplicate_of,
@@ -84,12 +95,17 @@ def measure(run_dir: Path, minutes: float) -> dict:
             Program.origin == "mutation", Program.status != "mutation_failed"))
         calls = s.execute(select(LLMCall.started_at, LLMCall.latency_s, LLMCall.completion_tokens)
                           .where(LLMCall.error.is_(None))).all()
-        sessions_s = 0.0
-    horizon = t0 + minutes * 60
+        sessions = s.execute(select(RunSession.started_at, RunSession.ended_at).order_by(RunSession.id)).all()
+    # a session killed without ending: it lasted until its last evaluation
+    bounds = [start for start, _ in sessions][1:] + [float("inf")]
+    last = [max([e for *_, e in rows if start <= e < bound] or [start])
+            for (start, _), bound in zip(sessions, bounds)]
+    clock = active_clock(meta["launches"], [(start, end or last[i]) for i, (start, end) in enumerate(sessions)])
+    horizon = minutes * 60
     best, curve, evaluations, found_by = None, [], 0, {"seed": 0, "mutation": 0, "tuned": 0}
     per_op = {op: {"evaluated": 0, "better": 0, "same": 0} for op in ("mutation", "tuned")}
     for pid, origin, status, objective, headline, outcome, dup, end in rows:
-        if end > horizon:
+        if clock(end) > horizon:
             continue
         evaluations += trials.get(pid, 1) if origin in ("mutation", "tuned") else 0
         if origin in per_op:
@@ -100,8 +116,8 @@ def measure(run_dir: Path, minutes: float) -> dict:
             if best is not None and origin in found_by:
                 found_by[origin] += 1
             best = (objective, headline, pid, origin)
-            curve.append(((end - t0) / 60, headline, objective))
-    calls = [c for c in calls if c.started_at + (c.latency_s or 0) <= horizon]
+            curve.append((clock(end) / 60, headline, objective))
+    calls = [c for c in calls if clock(c.started_at + (c.latency_s or 0)) <= horizon]
     generating = union_length([(c.started_at, c.started_at + c.latency_s) for c in calls])
     tokens = sum(c.completion_tokens or 0 for c in calls)
     first = curve[0][0] if curve else None
