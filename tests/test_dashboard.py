@@ -510,7 +510,7 @@ def test_mutator_quality_per_policy_version_matches_the_database(copy, capsys):
     text = render(stacked(s, []))
     assert "mutator quality per policy version" in text
     v0 = s.rl.versions[0]
-    assert re.search(rf"v0\s+{v0.answers}\s+{re.escape(f'{v0.applied / v0.answers:.1%}')}", text), text
+    assert re.search(rf"v0[\s│]+{v0.answers}[\s│]+{re.escape(f'{v0.applied / v0.answers:.1%}')}", text), text
     assert main(["status", str(copy)]) == 0 and "mutator quality per policy version" in capsys.readouterr().out
     assert main(["export", str(copy), "--out", str(copy / "out")]) == 0
     rows = (copy / "out" / "policy_versions.csv").read_text().splitlines()
