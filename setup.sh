@@ -37,8 +37,9 @@ fi
 
 # The Docker sandbox, where candidates run by default: Debian's docker.io and debootstrap,
 # a running dockerd, and the sandbox image, built offline (`evolve sandbox build`: a Debian
-# root filesystem + docker import, no registry). Needs root. Without it evolve falls back to
-# the process sandbox and says so; in CI (CI=true) a failure here fails the set-up.
+# root filesystem + docker import, no registry). Needs root. Without it a run stops and says
+# how to opt in to the process sandbox (not a jail); in CI (CI=true) a failure here fails
+# the set-up.
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
 
 setup_docker() {
