@@ -17,7 +17,7 @@ from evolve import sandbox_image
 from evolve.config import SandboxLimits, load_problem
 from evolve.docker_sandbox import LABEL, DockerSandbox, DockerUnavailable, connect, owner_id
 from evolve.evaluator import Evaluator
-from evolve.sandbox import ProcessSandbox, make_sandbox
+from evolve.sandbox import make_sandbox
 
 
 ROOT = Path(__file__).resolve().parents[1]
