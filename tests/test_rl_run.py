@@ -34,18 +34,23 @@ def server(tmp_path_factory):
         yield srv
 
 
-@pytest.fixture
-def policy(tmp_path):
-    path = tmp_path / "grpo.yaml"
+def grpo_policy(path, name: str, guard: str):
+    """A GRPO policy on the shared LoRA server that trains after every call."""
     path.write_text(f"""
-name: test-grpo
+name: {name}
 model: {MODEL}
 server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
 sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
 answer_format: rewrite
-train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4, guard: null}}
-""")  # no guard here: this test is about the plumbing of every step (the guard has its own test)
+train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4, guard: {guard}}}
+""")
     return path
+
+
+@pytest.fixture
+def policy(tmp_path):
+    # no guard here: this test is about the plumbing of every step (the guard has its own test)
+    return grpo_policy(tmp_path / "grpo.yaml", "test-grpo", "null")
 
 
 # Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
@@ -158,16 +163,7 @@ def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
     import subprocess
     import sys
 
-    policy = tmp_path / "guarded.yaml"
-    policy.write_text(f"""
-name: test-guarded
-model: {MODEL}
-server: {{embedded: true, port: {PORT}, max_model_len: 8192}}
-sampling: {{temperature: 1.0, max_tokens: 320, group_size: 8, max_prompt_tokens: 4000}}
-answer_format: rewrite
-train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, micro_batch: 4,
-         guard: {{parents: 2, answers: 8, margin: 0.05}}}}
-""")
+    policy = grpo_policy(tmp_path / "guarded.yaml", "test-guarded", "{parents: 2, answers: 8, margin: 0.05}")
     script = tmp_path / "broken_evolve.py"
     script.write_text(BROKEN_TRAINER)
     run_dir = tmp_path / "run"
