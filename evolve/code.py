@@ -15,6 +15,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import ast
 import re
 import warnings
 from dataclasses import dataclass
@@ -128,6 +129,39 @@ def split_block(program: str) -> tuple[str, str, str]:
 def evolve_block(program: str) -> str:
     """The EVOLVE-BLOCK body (the whole program when it has no markers)."""
     return split_block(program)[1]
+
+
+def outline(program: str) -> str:
+    """The code outside the EVOLVE-BLOCK as a reader of the block needs it: imports,
+    constants, and each function or class as its signature and the first line of its
+    docstring. Small models asked to rewrite the block copy whatever they are shown; a
+    whole helper shown in full is copied instead of the block (README, Benchmarks)."""
+    prefix, _, suffix = split_block(program)
+    lines = []
+    for part in (prefix, suffix):
+        try:
+            tree = ast.parse(part)
+        except SyntaxError:  # a block split inside a statement: show that part as it is
+            lines.append(part.strip())
+            continue
+        lines.extend(_outline_node(node) for node in tree.body if not _is_docstring(node))
+    return "\n".join(line for line in lines if line)
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(
+        node.value.value, str)
+
+
+def _outline_node(node: ast.stmt) -> str:
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return ast.unparse(node)
+    # the def or class line itself: decorators come first in the unparsed text
+    head = next(line for line in ast.unparse(node).splitlines()
+                if line.startswith(("def ", "async def ", "class ")))
+    doc = (ast.get_docstring(node) or "").strip().split("\n", 1)[0]
+    body = f'    """{doc}"""\n    ...' if doc else "    ..."
+    return f"\n{head}\n{body}\n"
 
 
 def _has_marker(text: str) -> bool:

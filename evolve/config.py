@@ -76,6 +76,9 @@ class Tuning(Strict):
     trials: int = Field(default=40, ge=2)  # scored variants per tuning
     sigma: float = Field(default=0.1, gt=0)  # first step, relative to each literal's size
     new_best: bool = True  # tune every LLM child that becomes its island's best ...
+    # ... every valid one whose code changes more than its numbers (a new shape needs its own
+    # numbers before it can be judged against a tuned parent) ...
+    structural: bool = True
     share: float = Field(default=0.2, ge=0, le=1)  # ... and this share of the other valid ones
     max_literals: int = Field(default=12, ge=1)  # more than this: a random subset is tuned
     # Beside the LLM, tune the archive's programs (parents chosen as for the LLM) in turns with
@@ -269,6 +272,9 @@ class Policy(Strict):
     answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
     # diff: SEARCH/REPLACE blocks; rewrite: the whole block anew; mix: the two by turns, per call
     answer_format: Literal["diff", "rewrite", "mix"] = "diff"
+    # How the current program is shown: whole, or its EVOLVE-BLOCK plus an outline of the code
+    # around it (signatures and docstring lines), which small models cannot copy by mistake.
+    program_view: Literal["whole", "block"] = "whole"
     train: Train | None = None
     source_path: Path | None = Field(default=None, exclude=True)
 

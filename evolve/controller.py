@@ -23,7 +23,7 @@ from .events import Event, Sink, print_sink
 from .faults import Fault, Outage, SandboxFault, fault_of
 from .policy import PolicyClient, answer_format, build_messages, dump_messages
 from .schema import Completion, Evaluation, LLMCall, Program, Session, Tuning
-from .tuning import Trial, tune
+from .tuning import Trial, changes_structure, tune
 
 
 # Stop reasons of a run that ended as asked; any other reason is a fault (stopped, resumable).
@@ -227,7 +227,7 @@ class Controller:
         m = self.policy.answers
         messages = build_messages(self.problem, ask.parent, ask.inspirations, m,
                                   self.policy.sampling.max_prompt_tokens,
-                                  answer_format(self.policy, call_index))
+                                  answer_format(self.policy, call_index), view=self.policy.program_view)
         version = self.db.policy_version()
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
@@ -359,12 +359,18 @@ class Controller:
 
     # ---- in-the-loop tuning ----------------------------------------------------------------
     def _wants_tuning(self, child: Program, island_best: bool) -> bool:
-        """LLM children worth tuning: each new best of its island, and a share of the other
-        valid ones (the LLM's new structure may need other numbers before it pays off)."""
+        """LLM children worth tuning: each new best of its island, each that changes the code's
+        shape (a new structure needs its own numbers before it pays off) and a share of the
+        others (changes of numbers only: the tuner explores those anyway)."""
         t = self.problem.search.tuning
         if not t.enabled or child.status != "ok" or child.outcome == "same":
             return False
-        return (t.new_best and island_best) or self.rng.random() < t.share
+        if t.new_best and island_best:
+            return True
+        if t.structural and child.parent_id is not None and changes_structure(
+                self.db.get(child.parent_id).code, child.code):
+            return True
+        return self.rng.random() < t.share
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)

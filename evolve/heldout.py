@@ -155,7 +155,8 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
     m = policy.answers
     inspirations = [SimpleNamespace(**i) for i in parent["inspirations"]]
     messages = build_messages(problem, SimpleNamespace(**parent), inspirations, m,
-                              policy.sampling.max_prompt_tokens, answer_format(policy, parent_index))
+                              policy.sampling.max_prompt_tokens, answer_format(policy, parent_index),
+                              view=policy.program_view)
     answers, tokens = [], 0
     for call_index, size in enumerate(call_sizes(samples, m, policy.sampling.group_size)):
         sample = await client.sample(messages, size, seed=request_seed(parent_index, call_index))

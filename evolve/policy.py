@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from openai import AsyncOpenAI
 
-from .code import evolve_block
+from .code import evolve_block, outline
 from .config import Policy, Problem
 
 SYSTEM = """You are an expert programmer improving a program by evolution.
@@ -105,6 +105,16 @@ def _program_section(title: str, program, problem: Problem, whole: bool) -> str:
     return f"### {title} ({scores_line(program, problem)})\n```python\n{code.rstrip()}\n```\n"
 
 
+def _current_section(parent, problem: Problem, view: str) -> str:
+    """The parent whole, or (view "block") the code around its block as an outline, then the block."""
+    context = outline(parent.code) if view == "block" else ""
+    if not context:
+        return _program_section("Current program", parent, problem, view == "whole")
+    return (f"### Code outside the EVOLVE-BLOCK (fixed; the block may use it)\n```python\n"
+            f"{context.strip()}\n```\n"
+            + _program_section("Current EVOLVE-BLOCK", parent, problem, False))
+
+
 def _answer_instructions(m: int, fmt: str = "diff") -> str:
     how = ("SEARCH/REPLACE blocks against the current program" if fmt == "diff"
            else "the complete new code of the EVOLVE-BLOCK in a ```python block")
@@ -117,15 +127,17 @@ def _answer_instructions(m: int, fmt: str = "diff") -> str:
 
 
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
-                   max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None) -> list[dict]:
+                   max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None,
+                   view: str = "whole") -> list[dict]:
     """Chat messages for one mutation request in answer format `fmt` (diff | rewrite),
-    dropping inspirations to stay in budget. `directive`: the kind of change asked for."""
+    dropping inspirations to stay in budget. `directive`: the kind of change asked for;
+    `view`: how the parent is shown (Policy.program_view)."""
     insp = list(inspirations)
     while True:
         user = (f"## Problem\n{problem.description.strip()}\n\n"
                 + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
                           for i, p in enumerate(insp))
-                + _program_section("Current program", parent, problem, True)
+                + _current_section(parent, problem, view)
                 + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
         messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
                     {"role": "user", "content": user}]

@@ -54,6 +54,32 @@ def float_literals(program: str) -> list[Literal]:
     return found
 
 
+def shape(program: str) -> tuple[str, ...] | None:
+    """The block's code tokens with every float literal masked and comments dropped: two
+    programs of one shape differ only in numbers the tuner moves anyway. None: not tokenizable."""
+    body = split_block(program)[1]
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(body).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    masked = ["<float>" if t.type == tokenize.NUMBER and _is_float(t.string) else t.string
+              for t in tokens if t.type not in skip]
+    out = []
+    for token in masked:  # `(-0.5)` is how `substitute` writes a literal that turned negative
+        out.append(token)
+        if out[-4:] == ["(", "-", "<float>", ")"]:
+            out[-4:] = ["<float>"]
+    return tuple(out)
+
+
+def changes_structure(parent: str, child: str) -> bool:
+    """True if the child differs from its parent in more than its float literals and comments."""
+    before, after = shape(parent), shape(child)
+    return before is None or after is None or before != after
+
+
 def _is_float(text: str) -> bool:
     text = text.lower().replace("_", "")
     if text.startswith(("0x", "0o", "0b")) or text.endswith("j"):

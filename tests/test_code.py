@@ -14,6 +14,7 @@ from evolve.code import (
     check_syntax,
     evolve_block,
     normalise,
+    outline,
     parse_edits,
     parse_rewrite,
     split_answers,
@@ -624,3 +625,21 @@ def test_check_syntax_rejects_with_line_number(code, line):
 def test_check_syntax_rejects_null_bytes():
     with pytest.raises(MutationError, match="child does not parse"):
         check_syntax("x = 1\x00\n")
+
+
+def test_outline_keeps_imports_constants_and_signatures_but_no_bodies():
+    program = ('"""Module docstring."""\nimport math\nLIMIT = 3\n\n@staticmethod\n'
+               'def helper(x, *, scale=2.0):\n    """Scale x.\n\n    More text."""\n    return x * scale\n\n'
+               'class Box:\n    def area(self):\n        return 1\n\n'
+               f"{BLOCK_START}\ndef solve(n):\n    return helper(n)\n{BLOCK_END}\n"
+               "def after(y):\n    return y\n")
+    text = outline(program)
+    assert "import math" in text and "LIMIT = 3" in text
+    assert "def helper(x, *, scale=2.0):" in text and '"""Scale x."""' in text
+    assert "class Box:" in text and "def after(y):" in text
+    assert "return x * scale" not in text and "Module docstring" not in text and "More text" not in text
+    assert "def solve" not in text  # the block itself is not part of the outline
+
+
+def test_outline_of_a_program_without_markers_is_empty():
+    assert outline("def f():\n    return 1\n") == ""

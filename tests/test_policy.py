@@ -61,3 +61,21 @@ def test_worked_example_is_a_valid_answer_in_the_format_asked():
             for answer in answers:
                 assert apply_answer(EXAMPLE_PROGRAM, answer) != EXAMPLE_PROGRAM
                 assert ("<<<<<<< SEARCH" in answer) == (fmt == "diff")
+
+
+def test_block_view_shows_the_block_and_only_an_outline_of_the_code_around_it():
+    user = build_messages(PROBLEM, prog(0.8), [], m=1, max_prompt_tokens=6000, fmt="rewrite",
+                          view="block")[-1]["content"]
+    assert "def max_radii(centers):" in user and "The radii with the largest sum" in user
+    assert "linprog(-np.ones(n)" not in user  # the helper's body is not shown, so it cannot be copied
+    assert "Current EVOLVE-BLOCK (n26 = 2.080000" in user and "stagger = 0.0" in user
+    whole = build_messages(PROBLEM, prog(0.8), [], m=1, max_prompt_tokens=6000, fmt="rewrite")
+    assert estimate_tokens(whole) > estimate_tokens(
+        build_messages(PROBLEM, prog(0.8), [], m=1, max_prompt_tokens=6000, fmt="rewrite", view="block"))
+
+
+def test_block_view_of_a_program_without_markers_shows_it_whole():
+    code = "def f(n):\n    return n\n"
+    user = build_messages(PROBLEM, prog(0.8, code), [], m=1, max_prompt_tokens=6000,
+                          view="block")[-1]["content"]
+    assert "### Current program (" in user and "def f(n):" in user

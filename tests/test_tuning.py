@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from evolve.code import check_syntax, evolve_block
-from evolve.tuning import Trial, float_literals, substitute, tune
+from evolve.tuning import Trial, changes_structure, float_literals, substitute, tune
 
 PROGRAM = '''import numpy as np
 SCALE = 2.5  # outside the block: never tuned
@@ -35,6 +35,16 @@ def test_substitute_keeps_everything_else_and_parenthesises_negatives():
 
 def test_a_program_that_does_not_tokenize_has_no_literals():
     assert float_literals("# EVOLVE-BLOCK-START\nx = (1.5\n# EVOLVE-BLOCK-END\n") == []
+
+
+def test_a_change_of_numbers_or_comments_is_not_a_change_of_structure():
+    numbers = substitute(PROGRAM, float_literals(PROGRAM), [0.7, 2e-3, -1.0, 3.0])
+    assert not changes_structure(PROGRAM, numbers)
+    assert not changes_structure(PROGRAM, PROGRAM.replace("# ints are structure", "# new words"))
+    assert changes_structure(PROGRAM, PROGRAM.replace("[3]", "[4]"))  # ints are structure
+    assert changes_structure(PROGRAM, PROGRAM.replace("a - 2.0", "a * 2.0"))
+    assert changes_structure(PROGRAM, PROGRAM.replace("    return", "    a = a ** 2\n    return"))
+    assert changes_structure(PROGRAM, "# EVOLVE-BLOCK-START\nx = (1.5\n# EVOLVE-BLOCK-END\n")
 
 
 def _evaluator(target: np.ndarray, budget: list):

@@ -56,6 +56,9 @@ VARIANTS = {
     "rewrite_t1.0": ({"answer_format": "rewrite", "temperature": 1.0}, {}),
     "rewrite_short": ({"answer_format": "rewrite", "max_tokens": 320}, {}),
     "rewrite_directed": ({"answer_format": "rewrite"}, {"directives": True}),
+    "rewrite_block": ({"answer_format": "rewrite"}, {"view": "block"}),
+    "diff_block": ({"answer_format": "diff"}, {"view": "block"}),
+    "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
 }
 
 
@@ -80,7 +83,7 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
         parent = parents[k % len(parents)]
         directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else None
         messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt,
-                                  directive)
+                                  directive, view=prompt.get("view", "whole"))
         started = time.time()
         sample = await client.sample(messages, sampling.group_size, seed=request_seed(seed, k))
         counts["seconds"] += time.time() - started
