@@ -33,7 +33,7 @@ from evolve.evaluator import Evaluator
 from evolve.policy import PolicyClient, build_messages
 from evolve.runner import start_policy_server
 from evolve.schema import Program
-from evolve.tuning import Trial, tune
+from evolve.tuning import Trial, changes_structure, tune
 
 # The `rewrite_directed` variant: each call asks for one kind of structural change (numbers
 # are the tuner's job). Measured: the 0.5B model follows none of them reliably (README).
@@ -76,7 +76,7 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     sampling = policy.sampling.model_copy(update={k: v for k, v in fields.items() if k != "answer_format"})
     client.policy = policy.model_copy(update={"sampling": sampling})
     fmt = fields.get("answer_format", policy.answer_format)
-    counts = dict(answers=0, applied=0, valid=0, better=0, same=0, tokens=0, seconds=0.0,
+    counts = dict(answers=0, applied=0, valid=0, better=0, same=0, structural=0, tokens=0, seconds=0.0,
                   tuned=0, better_tuned=0)
     best = None
     for k in range(calls):
@@ -106,6 +106,7 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
             counts["valid"] += 1
             counts["same"] += r.raw == parent.raw
             counts["better"] += r.objective > parent.objective
+            counts["structural"] += changes_structure(parent.code, code)
             if best is None or r.objective > best:
                 best = r.objective
             if tune_trials and r.raw != parent.raw:
@@ -166,11 +167,12 @@ def main() -> None:
                 print(v, rows[v], flush=True)
             await client.close()
         asyncio.run(all_variants())
-    lines = ["| variant | answers | applied | valid | better than parent | same as parent | "
-             "better after tuning | best objective | tok/s | s/call |", "|" + "---|" * 10]
+    lines = ["| variant | answers | applied | valid | new shape | better than parent | same as parent | "
+             "better after tuning | best objective | tok/s | s/call |", "|" + "---|" * 11]
     for v, r in rows.items():
         a = max(r["answers"], 1)
         lines.append(f"| {v} | {r['answers']} | {r['applied'] / a:.0%} | {r['valid'] / a:.0%} | "
+                     f"{r.get('structural', '-')} | "
                      f"{r['better']} ({r['better'] / a:.1%}) | {r['same']} | "
                      f"{r['better_tuned']}/{r['tuned']} | "
                      f"{r['best_objective'] or 0:.4f} | {r['tokens'] / r['seconds']:.0f} | "
