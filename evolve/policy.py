@@ -133,11 +133,12 @@ def build_messages(problem: Problem, parent, inspirations: list, m: int,
     dropping inspirations to stay in budget. `directive`: the kind of change asked for;
     `view`: how the parent is shown (Policy.program_view)."""
     insp = list(inspirations)
+    current = _current_section(parent, problem, view)
     while True:
         user = (f"## Problem\n{problem.description.strip()}\n\n"
                 + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
                           for i, p in enumerate(insp))
-                + _current_section(parent, problem, view)
+                + current
                 + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
         messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
                     {"role": "user", "content": user}]

@@ -38,11 +38,7 @@ def float_literals(program: str) -> list[Literal]:
     prefix, body, _ = split_block(program)
     offsets = _line_offsets(body)
     found = []
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(body).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return []
-    for tok in tokens:
+    for tok in _tokens(body) or []:
         if tok.type != tokenize.NUMBER or not _is_float(tok.string):
             continue
         value = float(tok.string)
@@ -57,13 +53,11 @@ def float_literals(program: str) -> list[Literal]:
 def shape(program: str) -> tuple[str, ...] | None:
     """The block's code tokens with every float literal masked and comments dropped: two
     programs of one shape differ only in numbers the tuner moves anyway. None: not tokenizable."""
-    body = split_block(program)[1]
+    tokens = _tokens(split_block(program)[1])
+    if tokens is None:
+        return None
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENDMARKER}
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(body).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return None
     masked = ["<float>" if t.type == tokenize.NUMBER and _is_float(t.string) else t.string
               for t in tokens if t.type not in skip]
     out = []
@@ -78,6 +72,13 @@ def changes_structure(parent: str, child: str) -> bool:
     """True if the child differs from its parent in more than its float literals and comments."""
     before, after = shape(parent), shape(child)
     return before is None or after is None or before != after
+
+
+def _tokens(body: str) -> list[tokenize.TokenInfo] | None:
+    try:
+        return list(tokenize.generate_tokens(io.StringIO(body).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
 
 
 def _is_float(text: str) -> bool:
