@@ -423,16 +423,20 @@ def apply_answer(parent: str, answer: str) -> str:
     EVOLVE-BLOCK body changes; the parent's prefix and suffix are kept byte
     for byte, and a CRLF parent gives a CRLF child.
     """
-    crlf = "\r\n" in parent
-    prefix, body, suffix = split_block(_lf(parent))
+    body = evolve_block(_lf(parent))
     blocks = _parse_blocks(answer)
     if blocks:
-        new_body = _apply_edits(body, blocks)
-    else:
-        code = parse_rewrite(answer)
-        if code is None:
-            raise MutationError("no SEARCH/REPLACE block or code block in the answer")
-        new_body = _rewrite_body(_lf(code))
+        return with_block(parent, _apply_edits(body, blocks))
+    code = parse_rewrite(answer)
+    if code is None:
+        raise MutationError("no SEARCH/REPLACE block or code block in the answer")
+    return with_block(parent, _rewrite_body(_lf(code)))
+
+
+def with_block(parent: str, new_body: str) -> str:
+    """The parent with a new EVOLVE-BLOCK body: checked to parse and to differ from it."""
+    crlf = "\r\n" in parent
+    prefix, _, suffix = split_block(_lf(parent))
     if _has_marker(new_body):
         # A second marker would make the child's block ambiguous for every later mutation.
         raise MutationError("the new EVOLVE-BLOCK body contains an EVOLVE-BLOCK marker")

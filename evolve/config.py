@@ -270,8 +270,10 @@ class Policy(Strict):
     server: Server = Field(default_factory=Server)
     sampling: Sampling = Field(default_factory=Sampling)
     answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
-    # diff: SEARCH/REPLACE blocks; rewrite: the whole block anew; mix: the two by turns, per call
-    answer_format: Literal["diff", "rewrite", "mix"] = "diff"
+    # diff: SEARCH/REPLACE blocks; rewrite: the whole block anew; mix: the two by turns, per call;
+    # complete: FunSearch's versions prompt, the model continues the entry function's next
+    # version (evolve/versions.py; needs a vLLM server: it continues the assistant's message)
+    answer_format: Literal["diff", "rewrite", "mix", "complete"] = "diff"
     # How the current program is shown: whole, or its EVOLVE-BLOCK plus an outline of the code
     # around it (signatures and docstring lines), which small models cannot copy by mistake.
     program_view: Literal["whole", "block"] = "whole"
@@ -279,10 +281,13 @@ class Policy(Strict):
     source_path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
-    def _grpo_is_single_answer(self):
+    def _one_answer_where_needed(self):
         if self.train and self.train.algorithm == "grpo" and self.answers != 1:
             raise ValueError(f"train.algorithm grpo scores one answer per rollout: answers must be 1, "
                              f"got {self.answers}")
+        if self.answer_format == "complete" and self.answers != 1:
+            raise ValueError(f"answer_format complete continues one function per completion: answers "
+                             f"must be 1, got {self.answers}")
         return self
 
 

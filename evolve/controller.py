@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import select
 
-from .code import MutationError, apply_answer, split_answers
+from .code import MutationError, split_answers
 from .config import Budget, ConfigError, Policy, Problem
 from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, Sink, print_sink
 from .faults import Fault, Outage, SandboxFault, fault_of
-from .policy import PolicyClient, answer_format, build_messages, dump_messages
+from .policy import PolicyClient, answer_format, build_messages, dump_messages, make_child
 from .schema import Completion, Evaluation, LLMCall, Program, Session, Tuning
 from .tuning import Trial, changes_structure, tune
 
@@ -224,10 +224,9 @@ class Controller:
         self.stats.calls += 1
         island = call_index % len(self.db.islands)
         ask = self.db.ask(island, self.rng)
-        m = self.policy.answers
+        m, fmt = self.policy.answers, answer_format(self.policy, call_index)
         messages = build_messages(self.problem, ask.parent, ask.inspirations, m,
-                                  self.policy.sampling.max_prompt_tokens,
-                                  answer_format(self.policy, call_index), view=self.policy.program_view)
+                                  self.policy.sampling.max_prompt_tokens, fmt, view=self.policy.program_view)
         version = self.db.policy_version()
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
@@ -250,12 +249,12 @@ class Controller:
         call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
         with self.db.batch():  # the call, its completions and its children: all or nothing
             self.db.add_call(call)
-            children = self._children(ask, call, sample, m)
+            children = self._children(ask, call, sample, m, fmt)
         self.stats.tokens += sample.completion_tokens or 0
         self.stats.llm_s += sample.latency_s
         self._spawn(self._finish_group(island, children))
 
-    def _children(self, ask, call: LLMCall, sample, m: int) -> list[Program]:
+    def _children(self, ask, call: LLMCall, sample, m: int, fmt: str) -> list[Program]:
         """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
         children = []
         for i, text in enumerate(sample.texts):
@@ -270,7 +269,7 @@ class Controller:
                                 answer_index=j, status="pending")
                 self.stats.answers += 1
                 try:
-                    child.code = apply_answer(ask.parent.code, answer)
+                    child.code = make_child(ask.parent.code, answer, fmt, self.problem.entry_point)
                     self.stats.applied += 1
                 except MutationError as exc:
                     child.status, child.error = "mutation_failed", str(exc)

@@ -25,6 +25,7 @@ from .config import Guard as GuardSettings
 from .config import Policy, Problem
 from .database import ProgramDatabase
 from .heldout import sample_answers, score_answers
+from .policy import answer_format
 from .schema import Cell, LLMCall, Program
 
 SALT = 0x6A4D  # the guard's parents and request seeds: apart from the run's and compare's
@@ -68,7 +69,8 @@ class Guard:
                 answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
                                                   self.settings.answers)
                 records += await score_answers(evaluator, self.problem, parent, answers,
-                                               self.problem.budget.eval_concurrency)
+                                               self.problem.budget.eval_concurrency,
+                                               answer_format(self.policy, SALT + i))
         finally:
             client.model = previous
         n = max(len(records), 1)

@@ -29,9 +29,9 @@ from types import SimpleNamespace
 import numpy as np
 from sqlalchemy import select
 
-from .code import MutationError, apply_answer, normalise, split_answers
+from .code import MutationError, normalise, split_answers
 from .config import Policy, Problem
-from .policy import answer_format, build_messages
+from .policy import answer_format, build_messages, make_child
 from .schema import Cell, PolicyVersion, Program, Run
 from .snapshot import readonly_engine
 
@@ -168,13 +168,14 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
 
 
 async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
-                        concurrency: int) -> list[dict]:
-    """Apply and evaluate every answer; each distinct child program runs once."""
+                        concurrency: int, fmt: str) -> list[dict]:
+    """Apply (answers in format `fmt`) and evaluate every answer; each distinct child runs once."""
     components = [c.name for c in problem.components]
     children: list[str | None] = []
     for answer in answers:
         try:
-            children.append(apply_answer(parent["code"], answer) if answer is not None else None)
+            children.append(make_child(parent["code"], answer, fmt, problem.entry_point)
+                            if answer is not None else None)
         except MutationError:
             children.append(None)
     slots = asyncio.Semaphore(concurrency)
@@ -253,7 +254,8 @@ async def _measure(out, record, problem, policy, parents, todo, base_url, model,
         for i in todo:
             parent = parents[i]
             answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
-            scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency)
+            scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency,
+                                         answer_format(policy, i))
             record["parents"][parent["key"]] = {"parent_objective": parent["objective"], "tokens": tokens,
                                                 "answers": scored}
             out.write_text(json.dumps(record, indent=1) + "\n")

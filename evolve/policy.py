@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from openai import AsyncOpenAI
 
-from .code import evolve_block, outline
+from .code import apply_answer, evolve_block, outline
 from .config import Policy, Problem
+from .versions import STOP, apply_completion, versions_messages
 
 SYSTEM = """You are an expert programmer improving a program by evolution.
 You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`.
@@ -34,7 +35,7 @@ the blocks, nothing else.""",
 ```python fenced block: every line between the markers, changed or not, nothing outside them.
 Keep the function names and the return format.""",
 }
-FORMATS = tuple(RULES)
+FORMATS = tuple(RULES)  # what `mix` alternates; `complete` (evolve/versions.py) has no rules
 
 # A worked example given as a previous chat turn is followed far more reliably than one
 # embedded in the instructions.
@@ -129,22 +130,29 @@ def _answer_instructions(m: int, fmt: str = "diff") -> str:
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
                    max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None,
                    view: str = "whole") -> list[dict]:
-    """Chat messages for one mutation request in answer format `fmt` (diff | rewrite),
+    """Chat messages for one mutation request in answer format `fmt` (diff | rewrite | complete),
     dropping inspirations to stay in budget. `directive`: the kind of change asked for;
     `view`: how the parent is shown (Policy.program_view)."""
     insp = list(inspirations)
-    current = _current_section(parent, problem, view)
+    current = _current_section(parent, problem, view) if fmt != "complete" else ""
     while True:
-        user = (f"## Problem\n{problem.description.strip()}\n\n"
-                + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False)
-                          for i, p in enumerate(insp))
-                + current
-                + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
-        messages = [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
-                    {"role": "user", "content": user}]
+        if fmt == "complete":
+            messages = versions_messages(problem, parent, insp)
+        else:
+            messages = _chat(problem, current, insp, m, fmt, directive)
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:
             return messages
         insp.pop()  # the last inspirations are the least useful (diverse ones come last)
+
+
+def _chat(problem: Problem, current: str, insp: list, m: int, fmt: str, directive: str | None) -> list[dict]:
+    """The instructions, a worked example in the answer format, then the request."""
+    user = (f"## Problem\n{problem.description.strip()}\n\n"
+            + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False) for i, p in enumerate(insp))
+            + current
+            + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
+    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
+            {"role": "user", "content": user}]
 
 
 def answer_format(policy: Policy, call_index: int) -> str:
@@ -152,6 +160,11 @@ def answer_format(policy: Policy, call_index: int) -> str:
     if policy.answer_format != "mix":
         return policy.answer_format
     return FORMATS[call_index % len(FORMATS)]
+
+
+def make_child(parent: str, answer: str, fmt: str, entry: str) -> str:
+    """The child program an answer in format `fmt` makes of the parent (MutationError if none)."""
+    return apply_completion(parent, answer, entry) if fmt == "complete" else apply_answer(parent, answer)
 
 
 def estimate_tokens(messages: list[dict]) -> int:
@@ -189,11 +202,16 @@ class PolicyClient:
         extra = {"seed": seed} if (s.seed_requests and seed is not None) else {}
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
         # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
-        body = {"return_token_ids": True} if self.is_vllm else None
+        body = {"return_token_ids": True} if self.is_vllm else {}
+        if messages[-1]["role"] == "assistant":
+            # A prefix to continue (the `complete` format): vLLM's continue_final_message, and
+            # the answer ends with the function it completes.
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
+            extra["stop"] = STOP
         started = time.time()
         resp = await self.client.chat.completions.create(
             model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
-            max_tokens=s.max_tokens, extra_body=body, **extra)
+            max_tokens=s.max_tokens, extra_body=body or None, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage
         return Sample(texts=[c.message.content or "" for c in choices],

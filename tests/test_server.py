@@ -12,9 +12,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from evolve import config
 from evolve.models import ensure_model
+from evolve.policy import PolicyClient, build_messages
+from evolve.schema import Program
 from evolve.server import ServerError, VLLMServer
 
 pytestmark = pytest.mark.real
@@ -71,6 +74,29 @@ def test_port_serving_another_model_is_an_error(server, tmp_path):
     other = VLLMServer(server.model_dir, "some-other-model", server_settings(), tmp_path / "x.log")
     with pytest.raises(ServerError, match="already serves"):
         other.start()
+
+
+def test_complete_format_continues_the_versions_prefix(server):
+    """The `complete` format: the server continues the assistant's last message (no new turn
+    opened after it) and stops where the function it completes ends."""
+    problem = config.load_problem(Path(__file__).resolve().parent.parent / "problems" / "circle_packing.yaml")
+    parent = Program(code=problem.seed_code(), status="ok", objective=0.87, headline=2.17, fitness={})
+    messages = build_messages(problem, parent, [], 1, 6000, "complete")
+    policy = config.Policy(name="t", model=MODEL, answer_format="complete",
+                           sampling=config.Sampling(max_tokens=64, temperature=0.8))
+    client = PolicyClient(policy, server.base_url, MODEL)
+
+    async def call():
+        try:
+            return await client.sample(messages, 2, seed=1)
+        finally:
+            await client.close()
+
+    sample = asyncio.run(call())
+    prompt = AutoTokenizer.from_pretrained(server.model_dir).decode(sample.prompt_token_ids)
+    assert prompt.endswith('"""Improved version of construct_packing_v0."""\n')
+    assert len(sample.texts) == 2 and all(t.strip() for t in sample.texts)
+    assert not any("\ndef " in t or "\n```" in t for t in sample.texts)  # the stop strings held
 
 
 def long_prompt(index: int, words: int) -> str:

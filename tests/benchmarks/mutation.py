@@ -25,12 +25,12 @@ from types import SimpleNamespace
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evolve.code import MutationError, apply_answer, split_answers
+from evolve.code import MutationError, split_answers
 from evolve.config import load_policy, load_problem
 from evolve.controller import request_seed
 from evolve.database import connect
 from evolve.evaluator import Evaluator
-from evolve.policy import PolicyClient, build_messages
+from evolve.policy import PolicyClient, build_messages, make_child
 from evolve.runner import start_policy_server
 from evolve.schema import Program
 from evolve.tuning import Trial, changes_structure, tune
@@ -59,6 +59,8 @@ VARIANTS = {
     "rewrite_block": ({"answer_format": "rewrite"}, {"view": "block"}),
     "diff_block": ({"answer_format": "diff"}, {"view": "block"}),
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
+    "complete": ({"answer_format": "complete"}, {}),
+    "complete_t1.0": ({"answer_format": "complete", "temperature": 1.0}, {}),
 }
 
 
@@ -95,7 +97,7 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
             for answer in split_answers(text, policy.answers):
                 counts["answers"] += 1
                 try:
-                    children.append(apply_answer(parent.code, answer))
+                    children.append(make_child(parent.code, answer, fmt, problem.entry_point))
                     counts["applied"] += 1
                 except MutationError:
                     pass

@@ -1,0 +1,111 @@
+"""The `complete` answer format: FunSearch's versions prompt and the child its completion makes."""
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from evolve.code import MutationError, evolve_block
+from evolve.config import Policy, load_problem
+from evolve.policy import build_messages, make_child
+from evolve.schema import Program
+from evolve.versions import apply_completion, versions_prefix
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
+SEED = (ROOT / "problems" / "circle_packing" / "seed.py").read_text()
+ENTRY = "construct_packing"
+
+PARENT = '''import numpy as np
+
+
+def helper(n):
+    return n
+
+
+# EVOLVE-BLOCK-START
+def spread(n):
+    return np.linspace(0.1, 0.9, n)
+
+
+@staticmethod
+def construct_packing(n,
+                      scale=1.0):
+    """Old docstring."""
+    x = spread(n)
+    return x * scale
+# EVOLVE-BLOCK-END
+'''
+
+
+def prog(objective, code=SEED):
+    return Program(code=code, status="ok", objective=objective, headline=objective * 2.6,
+                   fitness={c.name: objective for c in PROBLEM.components})
+
+
+def test_versions_put_the_parent_last_and_the_others_by_score():
+    better, worse = prog(0.9, SEED.replace("stagger = 0.0", "stagger = 0.5")), prog(0.7, SEED.replace(
+        "rise = 1.0", "rise = 0.9"))
+    text = versions_prefix(PROBLEM, prog(0.8), [better, worse])
+    v0, v1, v2 = (text.index(f"def construct_packing_v{k}(n):") for k in range(3))
+    assert v0 < v1 < v2 < text.index("def construct_packing_v3(n):")
+    assert "rise = 0.9" in text[v0:v1] and "stagger = 0.5" in text[v1:v2] and "stagger = 0.0" in text[v2:]
+    assert "# construct_packing_v2: n26 = 2.080000, objective 0.8000" in text
+    # the code around the block is an outline, and the prefix ends where the new body begins
+    assert "def max_radii(centers):" in text and "linprog(-np.ones(n)" not in text
+    assert text.endswith('def construct_packing_v3(n):\n    """Improved version of construct_packing_v2."""\n')
+
+
+def test_complete_messages_end_with_the_prefix_the_model_continues():
+    msgs = build_messages(PROBLEM, prog(0.8), [prog(0.9)], m=1, max_prompt_tokens=6000, fmt="complete")
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
+    assert "Write `construct_packing_v2`, an improved version of `construct_packing_v1`" in msgs[1]["content"]
+    assert msgs[2]["content"].startswith("```python\n")
+
+
+def test_complete_prompt_drops_inspirations_to_fit_its_budget():
+    many = [prog(0.5 + i / 100) for i in range(4)]
+    tight = build_messages(PROBLEM, prog(0.8), many, m=1, max_prompt_tokens=1400, fmt="complete")
+    assert "construct_packing_v1(n)" in tight[2]["content"]
+    assert "construct_packing_v4(n)" not in tight[2]["content"]
+
+
+def test_versions_rename_every_function_of_the_block():
+    text = versions_prefix(PROBLEM, prog(0.8, PARENT), [])
+    assert "def spread_v0(n):" in text and "x = spread_v0(n)" in text
+    assert "def helper(n):" in text  # outside the block: the name stays
+    assert text.endswith('def construct_packing_v1(n,\n                      scale=1.0):\n'
+                         '    """Improved version of construct_packing_v0."""\n')
+
+
+def test_completion_replaces_the_entry_function_and_keeps_the_rest():
+    completion = "    x = spread_v0(n) ** 2  # squares\n    return helper_v3(x) * scale\n\n\nprint('after')\n"
+    child = apply_completion(PARENT, completion, ENTRY)
+    block = evolve_block(child)
+    assert "def spread(n):\n    return np.linspace(0.1, 0.9, n)" in block  # the block's other code
+    assert ("@staticmethod\ndef construct_packing(n,\n                      scale=1.0):\n"
+            "    x = spread(n) ** 2  # squares\n    return helper(x) * scale\n") in block
+    assert "Old docstring" not in block and "print('after')" not in child  # the function ends at column 0
+    assert child.endswith("# EVOLVE-BLOCK-END\n")
+
+
+def test_completion_errors_are_mutation_failures():
+    with pytest.raises(MutationError, match="no function body"):
+        apply_completion(PARENT, "\n\nprint('no body')\n", ENTRY)
+    with pytest.raises(MutationError, match="does not parse"):
+        apply_completion(PARENT, "    x = (\n", ENTRY)
+    with pytest.raises(MutationError, match="identical"):
+        apply_completion(PARENT, "    \"\"\"Old docstring.\"\"\"\n    x = spread(n)\n    return x * scale\n", ENTRY)
+    with pytest.raises(MutationError, match="defines no function 'solve'"):
+        apply_completion(PARENT, "    return 1\n", "solve")
+
+
+def test_make_child_dispatches_on_the_format():
+    assert "return x * scale * 2" in make_child(PARENT, "    x = spread(n)\n    return x * scale * 2\n",
+                                                 "complete", ENTRY)
+    with pytest.raises(MutationError, match="no SEARCH/REPLACE block"):
+        make_child(PARENT, "    return 1\n", "diff", ENTRY)
+
+
+def test_complete_format_asks_for_one_answer():
+    with pytest.raises(ValidationError, match="answer_format complete continues one function"):
+        Policy(name="p", model="m", answer_format="complete", answers=3)
