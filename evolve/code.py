@@ -144,11 +144,11 @@ def outline(program: str) -> str:
         except SyntaxError:  # a block split inside a statement: show that part as it is
             lines.append(part.strip())
             continue
-        lines.extend(_outline_node(node) for node in tree.body if not _is_docstring(node))
+        lines.extend(_outline_node(node) for node in tree.body if not is_docstring(node))
     return "\n".join(line for line in lines if line)
 
 
-def _is_docstring(node: ast.stmt) -> bool:
+def is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(
         node.value.value, str)
 

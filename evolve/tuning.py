@@ -50,16 +50,19 @@ def float_literals(program: str) -> list[Literal]:
     return found
 
 
+_LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+           tokenize.ENDMARKER}
+
+
 def shape(program: str) -> tuple[str, ...] | None:
-    """The block's code tokens with every float literal masked and comments dropped: two
-    programs of one shape differ only in numbers the tuner moves anyway. None: not tokenizable."""
+    """The block's code tokens with every float literal masked, comments and docstrings dropped:
+    two programs of one shape differ only in numbers the tuner moves anyway. None: not
+    tokenizable."""
     tokens = _tokens(split_block(program)[1])
     if tokens is None:
         return None
-    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-            tokenize.ENDMARKER}
     masked = ["<float>" if t.type == tokenize.NUMBER and _is_float(t.string) else t.string
-              for t in tokens if t.type not in skip]
+              for i, t in enumerate(tokens) if t.type not in _LAYOUT and not _is_docstring(tokens, i)]
     out = []
     for token in masked:  # `(-0.5)` is how `substitute` writes a literal that turned negative
         out.append(token)
@@ -72,6 +75,13 @@ def changes_structure(parent: str, child: str) -> bool:
     """True if the child differs from its parent in more than its float literals and comments."""
     before, after = shape(parent), shape(child)
     return before is None or after is None or before != after
+
+
+def _is_docstring(tokens: list[tokenize.TokenInfo], i: int) -> bool:
+    """A string that is a statement of its own (a docstring): it says, it does nothing."""
+    before = tokens[i - 1].type if i else tokenize.NEWLINE
+    return (tokens[i].type == tokenize.STRING and before in _LAYOUT - {tokenize.COMMENT}
+            and i + 1 < len(tokens) and tokens[i + 1].type in (tokenize.NEWLINE, tokenize.COMMENT))
 
 
 def _tokens(body: str) -> list[tokenize.TokenInfo] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .code import MutationError, evolve_block, outline, split_block, with_block
+from .code import MutationError, evolve_block, is_docstring, outline, split_block, with_block
 
 SYSTEM = "You are an expert programmer. You write the next, improved version of a function.\n"
 
@@ -127,6 +127,12 @@ def apply_completion(parent: str, completion: str, entry: str) -> str:
     body = re.sub(rf"\b({names})_v\d+\b", r"\1", body)
     lines = block.splitlines(keepends=True)
     start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
-    function = "".join(lines[start : node.body[0].lineno - 1]) + body
+    first = node.body[0]
+    # The prompt replaced the docstring by "Improved version of ..."; the parent's stays unless
+    # the model wrote its own, so that a copy of the parent is seen as one (and not run).
+    doc = "".join(lines[first.lineno - 1 : first.end_lineno]) if is_docstring(first) else ""
+    if body.lstrip().startswith(('"""', "'''", 'r"""')):
+        doc = ""
+    function = "".join(lines[start : first.lineno - 1]) + doc + body
     new_block = "".join(lines[:start]) + function + "".join(lines[node.end_lineno :])
     return with_block(parent, new_block)

@@ -41,6 +41,9 @@ def test_a_change_of_numbers_or_comments_is_not_a_change_of_structure():
     numbers = substitute(PROGRAM, float_literals(PROGRAM), [0.7, 2e-3, -1.0, 3.0])
     assert not changes_structure(PROGRAM, numbers)
     assert not changes_structure(PROGRAM, PROGRAM.replace("# ints are structure", "# new words"))
+    assert not changes_structure(PROGRAM, PROGRAM.replace('    """Docstring 1.5 is text, not a number."""\n', ""))
+    assert not changes_structure(PROGRAM, PROGRAM.replace("Docstring 1.5", "Other words"))
+    assert changes_structure(PROGRAM, PROGRAM.replace("np.arange(n)[3]", "np.arange(n)['3']"))
     assert changes_structure(PROGRAM, PROGRAM.replace("[3]", "[4]"))  # ints are structure
     assert changes_structure(PROGRAM, PROGRAM.replace("a - 2.0", "a * 2.0"))
     assert changes_structure(PROGRAM, PROGRAM.replace("    return", "    a = a ** 2\n    return"))

@@ -83,8 +83,9 @@ def test_completion_replaces_the_entry_function_and_keeps_the_rest():
     block = evolve_block(child)
     assert "def spread(n):\n    return np.linspace(0.1, 0.9, n)" in block  # the block's other code
     assert ("@staticmethod\ndef construct_packing(n,\n                      scale=1.0):\n"
+            '    """Old docstring."""\n'
             "    x = spread(n) ** 2  # squares\n    return helper(x) * scale\n") in block
-    assert "Old docstring" not in block and "print('after')" not in child  # the function ends at column 0
+    assert "print('after')" not in child  # the function ends at column 0
     assert child.endswith("# EVOLVE-BLOCK-END\n")
 
 
@@ -93,10 +94,15 @@ def test_completion_errors_are_mutation_failures():
         apply_completion(PARENT, "\n\nprint('no body')\n", ENTRY)
     with pytest.raises(MutationError, match="does not parse"):
         apply_completion(PARENT, "    x = (\n", ENTRY)
-    with pytest.raises(MutationError, match="identical"):
-        apply_completion(PARENT, "    \"\"\"Old docstring.\"\"\"\n    x = spread(n)\n    return x * scale\n", ENTRY)
+    with pytest.raises(MutationError, match="identical"):  # the parent's docstring is kept
+        apply_completion(PARENT, "    x = spread(n)\n    return x * scale\n", ENTRY)
     with pytest.raises(MutationError, match="defines no function 'solve'"):
         apply_completion(PARENT, "    return 1\n", "solve")
+
+
+def test_a_docstring_written_by_the_model_replaces_the_parents():
+    child = apply_completion(PARENT, '    """New idea."""\n    return spread(n)\n', ENTRY)
+    assert '"""New idea."""' in child and "Old docstring" not in child
 
 
 def test_make_child_dispatches_on_the_format():
