@@ -87,6 +87,16 @@ class Tuning(Strict):
     # 14 tok/s, and tuning from 605 to 190 trials/min).
     background: float = Field(default=0.0, ge=0, lt=1)
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
+    # Move the share after each cycle toward the operator that raised the best objective faster
+    # per second (between 0.2 and 0.8; `background` is where it starts; evolve/allocation.py).
+    adaptive: bool = False
+
+    @model_validator(mode="after")
+    def _adaptive_needs_turns(self):
+        if self.adaptive and not self.background:
+            raise ValueError("adaptive moves the share of the LLM/tuning turns: set background "
+                             "(the share to start from, e.g. 0.5) above 0")
+        return self
 
 
 class Search(Strict):

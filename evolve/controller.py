@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import select
 
+from .allocation import Allocation
 from .code import MutationError, split_answers
 from .config import Budget, ConfigError, Policy, Problem
 from .database import ProgramDatabase
@@ -78,6 +79,8 @@ class Controller:
         self.sandbox_outage = Outage("sandbox", report)
         self.llm_turn = asyncio.Event()  # clear while tuning has the cores (tuning.background)
         self.llm_turn.set()
+        t = problem.search.tuning
+        self.allocation = Allocation(t.background, t.adaptive)
 
     # ---- top level -----------------------------------------------------------------------
     async def run(self) -> str:
@@ -376,15 +379,15 @@ class Controller:
         self.in_flight.add(task)
         task.add_done_callback(self._watch)
 
-    async def _tune(self, parent: Program) -> int:
+    async def _tune(self, parent: Program) -> tuple[int, float | None]:
         """Tune one program's literals; the best trial is stored as a `tuned` child. Returns
-        the number of trials spent (0: nothing to tune, or no budget)."""
+        the number of trials spent (0: nothing to tune, or no budget) and the child's objective."""
         t = self.problem.search.tuning
         started = time.time()
         tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
                            request_seed(self.seed, parent.id), t.max_literals, self.rng)
         if tuned.best is None:
-            return tuned.trials
+            return tuned.trials, None
         child = Program(island=parent.island, parent_id=parent.id, origin="tuned",
                         generation=parent.generation + 1, code=tuned.best.code, status="pending")
         row = Tuning(run_id=self.db.run_id, parent_id=parent.id, trials=tuned.trials,
@@ -397,7 +400,7 @@ class Controller:
                   parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
                   objective=child.objective, outcome=child.outcome)
         self._progress()
-        return tuned.trials
+        return tuned.trials, child.objective
 
     async def _trial(self, code: str) -> Trial | None:
         if self._budget_left() not in (None, "llm call budget reached"):
@@ -411,7 +414,7 @@ class Controller:
         while (reason := self._budget_left()) is None:
             island = rounds % len(self.db.islands)
             rounds += 1
-            if not await self._tune(self.db.ask(island, self.rng).parent) and self._budget_left() is None:
+            if not (await self._tune(self.db.ask(island, self.rng).parent))[0] and self._budget_left() is None:
                 reason = "nothing left to tune"  # a program without float literals
                 break
             self.db.advance(island)
@@ -419,24 +422,47 @@ class Controller:
 
     async def _take_turns(self) -> None:
         """`tuning.background`: the LLM and tuning of the archive's programs take turns with the
-        cores. A tuning turn starts once the answers in flight are in, and ends after its share
-        of `turn_s` (its last tuning finishes first)."""
+        cores, tuning's share of a cycle set by `allocation`. A tuning turn starts once the
+        answers in flight are in, and ends after its share of `turn_s` (its last tuning finishes
+        first). The LLM is credited with what the best objective rose in a cycle beyond what
+        the tuning turn's own children raised it by."""
         t = self.problem.search.tuning
         rounds = 0
-        while await self._wait_while_budget(t.turn_s * (1 - t.background)):
+        while True:
+            started, best = time.time(), self._best_objective()
+            if not await self._wait_while_budget(t.turn_s * (1 - self.allocation.share)):
+                return
             if self.hook is not None and self.train_lock.locked():
                 continue  # training has the cores
             self.llm_turn.clear()
             try:
                 while self.calls_in_flight:
                     await asyncio.sleep(0.1)
-                end = time.time() + t.turn_s * t.background
+                turn, end = time.time(), time.time() + t.turn_s * self.allocation.share
+                tuning_gain = 0.0
                 while time.time() < end and self._budget_left() is None:
                     rounds += 1
-                    if not await self._tune(self.db.ask(rounds % len(self.db.islands), self.rng).parent):
+                    before = self._best_objective()
+                    trials, objective = await self._tune(self.db.ask(rounds % len(self.db.islands), self.rng).parent)
+                    if not trials:
                         await asyncio.sleep(0.5)  # nothing to tune on this island
+                    tuning_gain += max(0.0, (objective or 0.0) - before)
             finally:
                 self.llm_turn.set()
+            self._record_turns(self._best_objective() - best - tuning_gain, turn - started,
+                               tuning_gain, time.time() - turn)
+
+    def _record_turns(self, llm_gain: float, llm_s: float, tuning_gain: float, tuning_s: float) -> None:
+        share = self.allocation.record({"llm": llm_gain, "tuning": tuning_gain},
+                                       {"llm": llm_s, "tuning": tuning_s})
+        if self.allocation.adaptive:
+            self.emit("turns", f"turns: the best rose {llm_gain:+.4f} in {llm_s:.0f} s of LLM and "
+                      f"{tuning_gain:+.4f} in {tuning_s:.0f} s of tuning; tuning's next share {share:.0%}",
+                      llm_gain=llm_gain, llm_s=llm_s, tuning_gain=tuning_gain, tuning_s=tuning_s, share=share)
+
+    def _best_objective(self) -> float:
+        best = self.db.best()
+        return best.objective if best is not None else 0.0
 
     async def _wait_while_budget(self, seconds: float) -> bool:
         """Sleep up to `seconds`; False as soon as the budget is spent."""
