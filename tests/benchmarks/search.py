@@ -10,6 +10,7 @@ table and a PNG of best headline against wall time:
 
 Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve       the default: LLM mutations + in-the-loop tuning
+  evolve_adaptive  the same, the LLM/tuning turns following the yield (tuning.adaptive)
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -42,10 +43,12 @@ from overhead import union_length  # a sibling script: run this one as tests/ben
 
 ARMS = {
     "evolve": [],
+    "evolve_adaptive": ["search.tuning.adaptive=true"],  # an ablation: turns follow the yield
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
 }
+BAR_ARMS = ["evolve", "llm_only", "tuning_only", "sampling"]  # what evolution must beat (the default)
 
 
 def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, policy: str | None) -> Path:
@@ -168,7 +171,7 @@ def plot(results: dict, minutes: float, headline: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    colours = dict(zip(ARMS, ("tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red")))
     for (arm, seed), r in sorted(results.items()):
         xs = [t for t, _, _ in r["curve"]] + [minutes]
         ys = [h for _, h, _ in r["curve"]]
@@ -213,7 +216,7 @@ async def peak_tokens_per_s(run_dir: Path, n_calls: int) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("problem", nargs="?", type=Path)
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--arms", nargs="+", default=BAR_ARMS, choices=list(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--policy", help="a policy YAML (default: the run's default, policies/frozen.yaml)")
