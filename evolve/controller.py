@@ -422,10 +422,10 @@ class Controller:
 
     async def _take_turns(self) -> None:
         """`tuning.background`: the LLM and tuning of the archive's programs take turns with the
-        cores, tuning's share of a cycle set by `allocation`. A tuning turn starts once the
-        answers in flight are in, and ends after its share of `turn_s` (its last tuning finishes
-        first). The LLM is credited with what the best objective rose in a cycle beyond what
-        the tuning turn's own children raised it by."""
+        cores, tuning's share of a cycle set by `allocation`. The LLM's turn is its share of
+        `turn_s`, and ends once the answers in flight are in; tuning's turn then lasts its share
+        of the cycle so far (its last tuning finishes first). The LLM is credited with what the
+        best objective rose in a cycle beyond what the tuning turn's own children raised it by."""
         t = self.problem.search.tuning
         rounds = 0
         while True:
@@ -438,12 +438,15 @@ class Controller:
             try:
                 while self.calls_in_flight:
                     await asyncio.sleep(0.1)
-                turn, end = time.time(), time.time() + t.turn_s * self.allocation.share
+                # The LLM's turn lasts at least as long as its calls in flight: size tuning's
+                # turn on what it really took, so that the shares hold.
+                turn, share = time.time(), self.allocation.share
+                end = turn + (turn - started) * share / (1 - share)
                 tuning_gain = 0.0
                 while time.time() < end and self._budget_left() is None:
                     rounds += 1
-                    before = self._best_objective()
-                    trials, objective = await self._tune(self.db.ask(rounds % len(self.db.islands), self.rng).parent)
+                    before, parent = self._best_objective(), self.db.ask(rounds % len(self.db.islands), self.rng).parent
+                    trials, objective = await self._tune(parent)
                     if not trials:
                         await asyncio.sleep(0.5)  # nothing to tune on this island
                     tuning_gain += max(0.0, (objective or 0.0) - before)
