@@ -259,6 +259,10 @@ class Train(Strict):
     max_grad_norm: float = Field(default=1.0, gt=0)
     dirichlet_k: int = Field(default=100, ge=1)  # VPO: weight vectors per group (K)
     dirichlet_alpha: float = Field(default=1.0, gt=0)  # VPO: Dirichlet concentration (alpha)
+    # vLLM samples with temperature and top_p; the trainer's old policy is the full softmax at
+    # that temperature. Each token's loss is weighted by min(pi_old / q_sampler, is_cap)
+    # (truncated importance sampling, from the log-probs vLLM returns); null: no correction.
+    is_cap: float | None = Field(default=2.0, gt=0)
     # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None

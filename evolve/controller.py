@@ -263,6 +263,7 @@ class Controller:
         for i, text in enumerate(sample.texts):
             ids = sample.token_ids[i] if sample.token_ids else None
             completion = Completion(call_id=call.id, index=i, text=text, token_ids=ids,
+                                    logprobs=sample.logprobs[i] if sample.logprobs else None,
                                     tokens=len(ids) if ids is not None else None,
                                     finish_reason=sample.finish_reasons[i])
             self.db.add(completion)

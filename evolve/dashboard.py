@@ -318,6 +318,8 @@ def rl_panel(s: Snapshot) -> Panel:
                                     style="green" if last.get("published") else "bold red"))
         t.add_row("loss", f"{last['loss']:.4g}")
         t.add_row("KL", f"{last['kl']:.4g}")
+        if last.get("sampler_kl") is not None:  # how far the served distribution is from the trained one
+            t.add_row("sampler KL", f"{last['sampler_kl']:.4g}")
         t.add_row("mean |advantage|", f"{last['mean_abs_advantage']:.4g}")
         t.add_row("clip fraction", f"{last['clip_fraction']:.3f}")
         t.add_row("reward mean", f"{last['reward_mean']:.4g}")

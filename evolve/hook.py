@@ -67,7 +67,7 @@ class RLHook:
         return generated >= self.groups_per_step()
 
     def _groups(self, version: int) -> list[Group]:
-        return complete_groups(self.db.session, self.db.run_id, self.components, version)
+        return complete_groups(self.db.session, self.db.run_id, self.components, version, logprobs=True)
 
     # ---- resume -----------------------------------------------------------------------------
     async def resume(self, client) -> None:
@@ -117,9 +117,10 @@ class RLHook:
             await unload_adapter(self.server_url, current.model)
         guard = f", guard: {step.guard['why']}" if step.guard else ""
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
-                  f"mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
+                  f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
                   f"loaded {step.load_s:.2f} s{guard}", version=new, loss=step.loss, kl=step.kl,
-                  mean_abs_advantage=step.mean_abs_advantage, train_s=step.train_s, load_s=step.load_s)
+                  sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
+                  train_s=step.train_s, load_s=step.load_s)
         return step
 
     async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion) -> None:
@@ -167,7 +168,13 @@ class RLHook:
         self.trainer.save(self.adapters / f"v{current.version + 1}")
         return TrainingStep(algorithm=self.train.algorithm, rollouts=stats.rollouts, loss=stats.loss,
                             kl=stats.kl, clip_fraction=stats.clip_fraction, train_s=time.time() - started,
+                            sampler_kl=stats.sampler_kl,
                             peak_rss_mb=stats.peak_rss_mb, started_at=started)
+
+
+def _sampler_kl(step: TrainingStep) -> str:
+    """The sampler-to-trainer KL for a log line, when the sampler's log-probs were served."""
+    return "" if step.sampler_kl is None else f"sampler KL {step.sampler_kl:.2e}, "
 
 
 async def load_adapter(server_url: str, name: str, path: str) -> float:
@@ -201,7 +208,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     hook.guard = None  # offline: no server to measure on, every adapter is written
-    groups = complete_groups(db.session, db.run_id, hook.components)
+    groups = complete_groups(db.session, db.run_id, hook.components, logprobs=True)
     size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
     steps = []
@@ -214,12 +221,13 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
             step.reward_mean = float(np.mean(np.concatenate(rewards)))
             step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
             row = {k: getattr(step, k) for k in ("version", "algorithm", "groups", "rollouts", "loss", "kl",
-                                                 "clip_fraction", "mean_abs_advantage", "reward_mean",
-                                                 "train_s", "peak_rss_mb")}
+                                                 "sampler_kl", "clip_fraction", "mean_abs_advantage",
+                                                 "reward_mean", "train_s", "peak_rss_mb")}
             log.write(json.dumps(row) + "\n")
             log.flush()
             emit("training", f"step {version}/{len(batches[:max_steps])}: loss {step.loss:+.4f}, "
-                 f"KL {step.kl:.2e}, mean |A| {step.mean_abs_advantage:.3f}, {step.train_s:.1f} s, "
+                 f"KL {step.kl:.2e}, {_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, "
+                 f"{step.train_s:.1f} s, "
                  f"peak RSS {step.peak_rss_mb:.0f} MB -> {hook.adapters / f'v{version}'}", **row)
             steps.append(step)
     return steps

@@ -182,6 +182,7 @@ class Sample:
     latency_s: float
     token_ids: list[list[int] | None] | None = None  # per choice, as served (vLLM only)
     prompt_token_ids: list[int] | None = None
+    logprobs: list[list[float] | None] | None = None  # per choice, the sampler's (training only)
 
 
 class PolicyClient:
@@ -203,6 +204,8 @@ class PolicyClient:
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
         # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
         body = {"return_token_ids": True} if self.is_vllm else {}
+        if self.is_vllm and self.policy.train is not None:
+            body["logprobs"] = True  # q(token) of every sampled token: the trainer's IS weights
         if messages[-1]["role"] == "assistant":
             # A prefix to continue (the `complete` format): vLLM's continue_final_message, and
             # the answer ends with the function it completes.
@@ -220,10 +223,16 @@ class PolicyClient:
                       completion_tokens=usage.completion_tokens if usage else None,
                       started_at=started, latency_s=time.time() - started,
                       token_ids=[getattr(c, "token_ids", None) for c in choices],
-                      prompt_token_ids=getattr(resp, "prompt_token_ids", None))
+                      prompt_token_ids=getattr(resp, "prompt_token_ids", None),
+                      logprobs=[_logprobs(c) for c in choices])
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def _logprobs(choice) -> list[float] | None:
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    return None if content is None else [float(t.logprob) for t in content]
 
 
 def dump_messages(messages: list[dict]) -> str:

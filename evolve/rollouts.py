@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 
 from .schema import Completion, LLMCall, Program
 
@@ -21,6 +21,7 @@ class Rollout:
     finish_reason: str | None
     answers: np.ndarray  # (m_g, k): one reward vector per parsed answer; failures are zeros
     valid: np.ndarray | None = None  # (m_g,) bool: the answer applied and its child scored
+    logprobs: list[float] | None = None  # the sampler's, per token of token_ids (vLLM only)
 
 
 @dataclass
@@ -43,10 +44,13 @@ def reward_vector(program: Program, components: list[str]) -> np.ndarray:
 
 
 def complete_groups(session: Session, run_id: int, components: list[str],
-                    version: int | None = None, limit: int | None = None) -> list[Group]:
+                    version: int | None = None, limit: int | None = None,
+                    logprobs: bool = False) -> list[Group]:
     """Groups (oldest first) whose every answer has been evaluated; only `version`'s if given.
 
     A group with a child still pending is not complete: its rewards are not known yet.
+    `logprobs`: also the sampler's token log-probs (for training; a run of an older schema,
+    read by the views, has none).
     """
     query = select(LLMCall).where(LLMCall.run_id == run_id, LLMCall.error.is_(None))
     if version is not None:
@@ -54,8 +58,10 @@ def complete_groups(session: Session, run_id: int, components: list[str],
     calls = session.scalars(query.order_by(LLMCall.id)).all()
     if not calls:
         return []
-    completions = session.scalars(select(Completion).where(
-        Completion.call_id.in_([c.id for c in calls])).order_by(Completion.call_id, Completion.index)).all()
+    query = select(Completion).where(Completion.call_id.in_([c.id for c in calls]))
+    if logprobs:
+        query = query.options(undefer(Completion.logprobs))
+    completions = session.scalars(query.order_by(Completion.call_id, Completion.index)).all()
     children = session.scalars(select(Program).where(
         Program.completion_id.in_([c.id for c in completions])).order_by(Program.answer_index)).all()
     by_completion: dict[int, list[Program]] = {}
@@ -66,7 +72,7 @@ def complete_groups(session: Session, run_id: int, components: list[str],
         by_call.setdefault(completion.call_id, []).append(completion)
     groups = []
     for call in calls:
-        group = _group(call, by_call.get(call.id, []), by_completion, components)
+        group = _group(call, by_call.get(call.id, []), by_completion, components, logprobs)
         if group is not None:
             groups.append(group)
             if limit is not None and len(groups) >= limit:
@@ -79,7 +85,7 @@ def count_complete(session: Session, run_id: int, components: list[str], version
 
 
 def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int, list[Program]],
-           components: list[str]) -> Group | None:
+           components: list[str], logprobs: bool) -> Group | None:
     if not completions:
         return None
     rollouts = []
@@ -90,5 +96,6 @@ def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int
         matrix = np.array([reward_vector(a, components) for a in answers]).reshape(len(answers), len(components))
         rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
                                 completion.finish_reason, matrix,
-                                np.array([a.status == "ok" for a in answers], dtype=bool)))
+                                np.array([a.status == "ok" for a in answers], dtype=bool),
+                                completion.logprobs if logprobs else None))
     return Group(call.id, call.policy_version, json.loads(call.prompt), call.prompt_token_ids, rollouts)

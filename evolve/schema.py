@@ -84,6 +84,9 @@ class Completion(Base):
     tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(40))
     token_ids: Mapped[list[Any] | None]  # the sampled tokens exactly as served (for training)
+    # Their log-probs under the distribution vLLM sampled from (temperature and top_p applied):
+    # the trainer's importance weights and sampler-to-trainer KL. Deferred: older schemas lack it.
+    logprobs: Mapped[list[Any] | None] = mapped_column(JSON, deferred=True)
 
 
 class Program(Base):
@@ -157,6 +160,9 @@ class TrainingStep(Base):
     # Deferred: older schemas lack them.
     published: Mapped[bool | None] = mapped_column(Boolean, deferred=True)
     guard: Mapped[dict | None] = mapped_column(JSON, deferred=True)
+    # Mean per-token KL(sampler || trainer) over the step's tokens: how far the served
+    # distribution is from the one the trainer computes ratios against. Null: not served.
+    sampler_kl: Mapped[float | None] = mapped_column(Float, deferred=True)
 
 
 class Tuning(Base):

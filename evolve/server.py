@@ -98,6 +98,9 @@ class VLLMServer:
             # hold the longest possible prompt.
             "--no-enable-chunked-prefill",
             "--max-num-batched-tokens", str(s.max_model_len),
+            # Log-probs of the distribution sampled from (temperature and top_p applied), not the
+            # raw softmax: the trainer's importance weights need q(token) (evolve/loss.py).
+            "--logprobs-mode", "processed_logprobs",
             *self._lora_args(),
             *s.extra_args,
         ]

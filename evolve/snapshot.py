@@ -251,7 +251,7 @@ class RunReader:
         self.acc = _Acc()
         self._tables: set[str] = set()
         self._beats: bool | None = None  # sessions.heartbeat_at exists (revision 0004)
-        self._guards: bool | None = None  # training_steps.published exists (revision 0005)
+        self._step_columns: set[str] | None = None  # training_steps' columns (0005, 0006 added some)
         self._best_detail: Best | None = None
 
     # -- connection ---------------------------------------------------------------------------
@@ -439,11 +439,11 @@ class RunReader:
             self._beats = any(c["name"] == "heartbeat_at" for c in inspect(conn).get_columns("sessions"))
         return self._beats
 
-    def _guarded(self, conn) -> bool:
-        """Whether training steps record the guard's verdict (revision 0005 on)."""
-        if self._guards is None:
-            self._guards = any(c["name"] == "published" for c in inspect(conn).get_columns("training_steps"))
-        return self._guards
+    def _stored_step_columns(self, conn) -> set[str]:
+        """The columns training steps have in this run's schema (an older one lacks the newer)."""
+        if self._step_columns is None:
+            self._step_columns = {c["name"] for c in inspect(conn).get_columns("training_steps")}
+        return self._step_columns
 
     def _has(self, table: str) -> bool:
         """Whether the schema has this table yet (a run from an older evolve may not)."""
@@ -482,8 +482,7 @@ class RunReader:
             select(func.count(TrainingStep.id),
                    func.sum(TrainingStep.train_s + func.coalesce(TrainingStep.load_s, 0.0)))
             .where(TrainingStep.run_id == rid)).one()
-        columns = [c for c in TrainingStep.__table__.columns
-                   if c.name not in ("published", "guard") or self._guarded(conn)]
+        columns = [c for c in TrainingStep.__table__.columns if c.name in self._stored_step_columns(conn)]
         last = conn.execute(select(*columns).where(TrainingStep.run_id == rid)
                             .order_by(TrainingStep.id.desc()).limit(1)).mappings().first()
         return count, spent or 0.0, dict(last) if last else None

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from .config import Train
-from .loss import policy_loss, token_logprobs
+from .loss import importance_weights, policy_loss, token_logprobs
 from .rollouts import Group
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -40,6 +40,7 @@ class Sequence:
     prompt: torch.Tensor  # (P,) token ids
     completions: list[torch.Tensor]  # (L_i,) token ids each
     advantages: torch.Tensor  # (G,)
+    sampler: torch.Tensor | None = None  # (G, Lmax) the sampler's log-probs; NaN: not known
 
 
 @dataclass
@@ -48,6 +49,7 @@ class StepStats:
     kl: float  # mean per-token KL to the base model
     clip_fraction: float
     tokens: int
+    sampler_kl: float | None  # mean per-token KL(sampler || trainer's old policy); None: not served
     rollouts: int
     train_s: float
     peak_rss_mb: float
@@ -85,7 +87,7 @@ class Trainer:
         """Token ids as served when stored; otherwise the chat template and the text again."""
         prompt = group.prompt_token_ids or self.tokenizer.apply_chat_template(
             group.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        completions = []
+        completions, sampled = [], []
         for r in group.rollouts:
             ids = r.token_ids
             if ids is None:
@@ -93,8 +95,15 @@ class Trainer:
                 if r.finish_reason == "stop":
                     ids = ids + [self.tokenizer.eos_token_id]
             completions.append(torch.tensor(ids or [self.tokenizer.eos_token_id]))
+            # The sampler's log-probs belong to the served tokens; re-tokenised text has none.
+            known = r.logprobs is not None and r.token_ids is not None and len(r.logprobs) == len(ids)
+            sampled.append(r.logprobs if known else [])
+        sampler = torch.full((len(completions), max(len(c) for c in completions)), float("nan"))
+        for i, lp in enumerate(sampled):
+            sampler[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
         return Sequence(torch.tensor(list(prompt)), completions,
-                        torch.tensor(advantages, dtype=torch.float32))
+                        torch.tensor(advantages, dtype=torch.float32),
+                        sampler if any(sampled) else None)
 
     # ---- training --------------------------------------------------------------------------
     def step(self, sequences: list[Sequence], stop: threading.Event | None = None) -> StepStats:
@@ -111,7 +120,7 @@ class Trainer:
         old = {i: self._logprobs(sequences[i], adapter=True, stop=stop) for i in sorted(need_old)}
         ref = {i: self._logprobs(s, adapter=False, stop=stop) for i, s in enumerate(sequences)} \
             if self.train.kl_coef > 0 else {}
-        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0}
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0, "sampler_kl": 0.0, "sampled": 0}
         self.model.train()
         for _ in range(self.train.epochs):
             for chunk in chunks:
@@ -119,6 +128,7 @@ class Trainer:
         tokens = max(totals["tokens"], 1)
         return StepStats(loss=totals["loss"], kl=totals["kl"] / tokens,
                          clip_fraction=totals["clipped"] / tokens, tokens=totals["tokens"],
+                         sampler_kl=totals["sampler_kl"] / totals["sampled"] if totals["sampled"] else None,
                          rollouts=sum(len(s.completions) for s in sequences),
                          train_s=time.time() - started, peak_rss_mb=peak_rss_mb())
 
@@ -126,7 +136,9 @@ class Trainer:
         n_tokens = float(sum(len(c) for seq, _, _ in items for c in seq.completions))
         self.optimizer.zero_grad(set_to_none=True)
         for seq, old, ref in items:
-            for parts in self._group_losses(seq, old, ref, n_tokens, stop):
+            for parts, kl_sum, sampled in self._group_losses(seq, old, ref, n_tokens, stop):
+                totals["sampler_kl"] += float(kl_sum)
+                totals["sampled"] += int(sampled)
                 totals["loss"] += float(parts.loss.detach())
                 totals["kl"] += float(parts.kl)
                 totals["clipped"] += float(parts.clipped)
@@ -152,10 +164,14 @@ class Trainer:
                 width = logp.shape[1]
                 old_b = old[idx, :width] if old is not None else logp.detach()
                 ref_b = ref[idx, :width] if ref is not None else None
-                parts = policy_loss(logp, old_b, ref_b, seq.advantages[idx], mask,
-                                    clip=self.train.clip, kl_coef=self.train.kl_coef, n_tokens=n_tokens)
+                weights, kl_sum, sampled = None, 0.0, 0
+                if seq.sampler is not None:
+                    weights, kl_sum, sampled = importance_weights(
+                        old_b, seq.sampler[idx, :width], mask, self.train.is_cap)
+                parts = policy_loss(logp, old_b, ref_b, seq.advantages[idx], mask, clip=self.train.clip,
+                                    kl_coef=self.train.kl_coef, n_tokens=n_tokens, weights=weights)
                 parts.loss.backward()
-                yield parts
+                yield parts, kl_sum, sampled
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
         torch.autograd.backward(outputs, grads)
 

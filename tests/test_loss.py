@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from evolve.loss import policy_loss, token_logprobs
+from evolve.loss import importance_weights, policy_loss, token_logprobs
 
 
 def loss_of(logp, old, ref, adv, mask=None, **kw):
@@ -82,3 +82,29 @@ def test_token_logprobs_are_log_softmax_at_the_sampling_temperature():
     got = token_logprobs(logits, torch.tensor([[0]]), temperature=0.5)
     z = torch.tensor([4.0, 0.0, -2.0])
     assert float(got) == pytest.approx(float(z[0] - torch.logsumexp(z, 0)))
+
+
+def test_importance_weights_are_truncated_ratios_and_the_sampler_kl_is_their_mean_log():
+    # pi_old (0.5, 0.2, 0.3) against the sampler's q (0.25, 0.8, unknown): ratios 2 and 0.25,
+    # the first truncated at the cap 1.5, the unknown one 1; KL(q || pi_old) ~ log(q / pi_old)
+    # summed over the known tokens: log 0.5 + log 4 = log 2 over 2 tokens
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.3]]))
+    sampler = torch.tensor([[math.log(0.25), math.log(0.8), float("nan")]])
+    weights, kl_sum, count = importance_weights(old, sampler, torch.ones(1, 3), cap=1.5)
+    assert weights[0].tolist() == pytest.approx([1.5, 0.25, 1.0])
+    assert float(kl_sum) == pytest.approx(math.log(2.0)) and int(count) == 2
+    none, kl_sum, count = importance_weights(old, sampler, torch.tensor([[1.0, 0.0, 1.0]]), cap=None)
+    assert none is None and float(kl_sum) == pytest.approx(math.log(0.5)) and int(count) == 1  # masked out
+
+
+def test_importance_weights_scale_the_policy_term_and_not_the_kl():
+    args = ([[-1.0, -2.0]], [[-1.0, -2.0]], None, [1.0])
+    plain, plain_grad = loss_of(*args, clip=0.2, kl_coef=0.0)
+    ones, _ = loss_of(*args, clip=0.2, kl_coef=0.0, weights=torch.ones(1, 2))
+    half, half_grad = loss_of(*args, clip=0.2, kl_coef=0.0, weights=torch.tensor([[0.5, 2.0]]))
+    assert float(ones.loss) == pytest.approx(float(plain.loss)) == pytest.approx(-1.0)
+    assert float(half.loss) == pytest.approx(-(0.5 + 2.0) / 2)
+    assert (half_grad / plain_grad)[0].tolist() == pytest.approx([0.5, 2.0])
+    # A = 0: only the KL is left, whatever the weights
+    kl, _ = loss_of([[-1.0]], [[-1.0]], [[-2.0]], [0.0], clip=0.2, kl_coef=0.5, weights=torch.zeros(1, 1))
+    assert float(kl.loss) == pytest.approx(0.5 * math.exp(-1.0))

@@ -105,6 +105,9 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
         assert [v.version for v in versions] == list(range(len(versions))) and len(versions) == len(served) + 1
         for step in served:
             assert math.isfinite(step.loss) and step.kl >= 0 and step.train_s > 0 and step.load_s > 0
+            # q (top_p 0.95 at T 1) against pi_old: log q - log pi lies in [0, -log 0.95] per token
+            # in exact arithmetic; bf16 kernels add noise of the order of SERVED_TOLERANCE.
+            assert step.sampler_kl is not None and abs(step.sampler_kl) < 0.5, step.sampler_kl
             assert (run_dir / "adapters" / f"v{step.version}" / "adapter_config.json").exists()
         # Each call records the version that produced it, and was routed to that version's model.
         model_of = {v.version: v.model for v in versions}
@@ -112,7 +115,10 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
         assert calls[0].policy_version == 0 and calls[-1].policy_version >= 1
         assert all(c.model == model_of[c.policy_version] for c in calls)
         assert all(c.prompt_token_ids for c in calls)
-        assert all(c.token_ids for c in s.scalars(select(Completion)))
+        completions = s.scalars(select(Completion)).all()
+        assert all(c.token_ids for c in completions)
+        # the sampler's log-prob of every served token, for the trainer's importance weights
+        assert all(c.logprobs and len(c.logprobs) == len(c.token_ids) for c in completions)
         latest = versions[-1]
         trained = [st for st in steps if st.mean_abs_advantage > 0]
     assert trained, "no group had a reward signal: every answer of every group scored the same"

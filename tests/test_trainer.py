@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -83,6 +84,35 @@ def test_encode_uses_served_ids_and_falls_back_to_the_chat_template(model_dir):
                                                return_dict=False)
     assert seq.prompt.tolist() == list(expected)
     assert seq.completions[0].tolist()[-1] == t.tokenizer.eos_token_id
+    assert seq.sampler is None  # no sampler log-probs: no importance weights
+
+
+def test_encode_keeps_the_sampler_log_probs_of_served_tokens_only(model_dir):
+    t = Trainer(model_dir, Train(algorithm="grpo"), temperature=1.0)
+    rollouts = [Rollout(1, "x", [7, 8], "stop", np.zeros((1, 2)), logprobs=[-0.5, -1.5]),
+                Rollout(2, "y", [7, 8, 9], "stop", np.zeros((1, 2)), logprobs=[-0.5]),  # length mismatch
+                Rollout(3, "z", [7], "stop", np.zeros((1, 2)))]
+    seq = t.encode(Group(1, 0, [{"role": "user", "content": "hi"}], [1, 2], rollouts), np.zeros(3))
+    assert seq.sampler.shape == (3, 3)
+    assert seq.sampler[0, :2].tolist() == [-0.5, -1.5] and bool(torch.isnan(seq.sampler[0, 2]))
+    assert bool(torch.isnan(seq.sampler[1:]).all())
+
+
+def test_the_sampler_log_probs_weight_the_loss_and_give_the_sampler_kl(model_dir):
+    """q = 2 pi_old on every token: weights 1/2 halve the first minibatch's loss (ratio 1, so the
+    loss is -mean(w A)), and the sampler-to-trainer KL is log 2."""
+    train = Train(algorithm="grpo", minibatches=1, micro_batch=2, kl_coef=0.0, is_cap=2.0)
+    losses = {}
+    for name in ("plain", "weighted"):
+        t = Trainer(model_dir, train, temperature=1.0)
+        seq = _random_sequence(lengths=(6, 6), advantages=(1.0, 0.5))
+        if name == "weighted":
+            seq.sampler = t._logprobs(seq, adapter=True, stop=None) + math.log(2.0)
+        stats = t.step([seq])
+        losses[name] = stats.loss
+    assert losses["plain"] == pytest.approx(-0.75, abs=1e-4)
+    assert losses["weighted"] == pytest.approx(-0.375, abs=1e-3)
+    assert stats.sampler_kl == pytest.approx(math.log(2.0), abs=1e-3)
 
 
 def test_a_stop_request_abandons_the_step(model_dir):
