@@ -9,8 +9,8 @@ table and a PNG of best headline against wall time:
     python tests/benchmarks/search.py --report runs/bench-circle_packing   # tables again
 
 Arms (the same problem, model, prompt and seed; only the operators differ):
-  evolve       the default: LLM mutations + in-the-loop tuning
-  evolve_adaptive  the same, the LLM/tuning turns following the yield (tuning.adaptive)
+  evolve       the default: LLM mutations + in-the-loop tuning, the turns following the yield
+  evolve_fixed the same with a fixed share of the time for tuning (tuning.adaptive off)
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -43,7 +43,7 @@ from overhead import union_length  # a sibling script: run this one as tests/ben
 
 ARMS = {
     "evolve": [],
-    "evolve_adaptive": ["search.tuning.adaptive=true"],  # an ablation: turns follow the yield
+    "evolve_fixed": ["search.tuning.adaptive=false"],  # an ablation: the turns keep their shares
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
