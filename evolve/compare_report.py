@@ -129,7 +129,20 @@ def _training(s: Session, run_id: int) -> dict:
         func.coalesce(func.sum(TrainingStep.load_s), 0.0)).where(TrainingStep.run_id == run_id)).one()
     version = s.scalar(select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id))
     return {"training_steps": steps, "train_s": float(train_s), "load_s": float(load_s),
-            "training_s": float(train_s) + float(load_s), "policy_version": version}
+            "training_s": float(train_s) + float(load_s), "policy_version": version,
+            "step_evaluations": _step_evaluations(s, run_id)}
+
+
+def _step_evaluations(s: Session, run_id: int) -> list[int]:
+    """For each training step, the evaluated children (the curve's index) finished by its end.
+
+    Reading the curve there gives each arm's best at an equal number of updates."""
+    done = sorted(s.scalars(select(Evaluation.started_at + Evaluation.elapsed_s)
+                            .join(Program, Evaluation.program_id == Program.id)
+                            .where(Program.run_id == run_id, Program.origin == "mutation")).all())
+    ends = s.scalars(select(TrainingStep.started_at + TrainingStep.train_s + func.coalesce(TrainingStep.load_s, 0.0))
+                     .where(TrainingStep.run_id == run_id).order_by(TrainingStep.id)).all()
+    return [int(np.searchsorted(done, end, side="right")) for end in ends]
 
 
 def _archive(s: Session, run_id: int, problem) -> dict:
@@ -267,7 +280,30 @@ def figures(plan, arms_metrics: list[dict], heldout: dict[str, dict | None]) -> 
                                     "diversity": summary([p["diversity"] for p in pools]),
                                     "valid_rate": summary([p.get("valid_rate") for p in pools]),
                                     "set_reward": summary([p.get("set_reward") for p in pools])}
+    fig["equal_updates"] = equal_updates(arms_metrics)
     return fig
+
+
+def equal_updates(arms_metrics: list[dict]) -> dict:
+    """The training arms compared after the same number of updates U (the fewest any of them made):
+    each arm's best objective once its U-th step was done, and the evaluations that took. At an
+    equal evaluation budget (the final best) an arm that trains more often has had more updates."""
+    arms = [m for m in arms_metrics if m["trains"]]
+    trains = {m["policy"] for m in arms}
+    updates = min((len(m["step_evaluations"]) for m in arms), default=0)
+    out: dict = {"updates": updates, "policies": {}}
+    if not updates:
+        return out
+    for name, ms in by_policy(arms, sorted(trains)).items():
+        at = [m["step_evaluations"][updates - 1] for m in ms]
+        best = [m["curve_objective"][min(i, len(m["curve_objective"]) - 1)] for m, i in zip(ms, at)]
+        out["policies"][name] = {"objective": summary(best), "evaluations": summary(at),
+                                 "seeds": [m["seed"] for m in ms]}
+    out["verdicts"] = [stats.verdict(a, out["policies"][a]["objective"]["values"], b,
+                                     out["policies"][b]["objective"]["values"],
+                                     what=f"best objective after {updates} updates").text
+                       for a, b in combinations(out["policies"], 2)]
+    return out
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -377,15 +413,15 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
               "percentile bootstrap of the difference of medians. With a handful of seeds every bootstrap CI "
               "here is rough (and narrower than the truth): the p-value is the claim.", ""]
     lines += _policy_table(fig, names, problem.headline) + [""] + _arm_table(fig, problem.headline) + [""]
-    lines += _heldout_section(fig, names) + [""]
+    lines += _equal_updates_section(fig) + [""] + _heldout_section(fig, names) + [""]
     lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## What the numbers are", "",
               "- Budget: evaluated candidates (failed mutations and duplicates are free), the same for every arm.",
               "- Best: the best program by objective, as `evolve best` shows it; its curve starts at the seed (0).",
               "- Coverage: distinct MAP-Elites cells filled on any island / cells of one grid; QD-score: the sum "
               "over those cells of the best elite objective (per-island values are in figures.json).",
-              "- Diversity: per LLM call, the mean pairwise L1 distance between its answers' reward vectors "
-              "(failed answers are zero vectors).",
+              "- Diversity: per LLM call, the mean pairwise L1 distance between the reward vectors of its valid "
+              "answers (the valid rate is reported beside it).",
               "- Search wall time: the runs' sessions (the policy server's start-up is not included). Training: "
               "the RL hook's training and adapter-loading time (its one-off model load is not included).",
               "- Every number comes from the arms' databases (read-only) and `heldout/*.json`; the data of every "
@@ -422,6 +458,20 @@ def _arm_table(fig: dict, headline: str) -> list[str]:
                     f"{m['completion_tokens']} | {m['wall_s']:.1f} | {m['training_steps']} | "
                     f"{m['training_s']:.1f} | {m['coverage']:.3f} | {m['qd_score']:.3f} |")
     return rows
+
+
+def _equal_updates_section(fig: dict) -> list[str]:
+    eq = fig.get("equal_updates") or {}
+    rows = ["## At equal updates", ""]
+    if not eq.get("updates"):
+        return rows + ["No training arm made a training step: nothing to compare at equal updates."]
+    rows += [f"The tables above compare arms at an equal evaluation budget. Here each training arm is read "
+             f"once its {eq['updates']}-th training step was done (the fewest steps any training arm made): "
+             "the best objective it had then, and the evaluated children that took.", "",
+             "| policy | seeds | best objective after the updates | evaluations by then |", "|---|---|---|---|"]
+    for name, p in eq["policies"].items():
+        rows.append(f"| {name} | {len(p['seeds'])} | {_ci(p['objective'])} | {_ci(p['evaluations'], 1)} |")
+    return rows + [""] + [f"- {text}" for text in eq.get("verdicts", [])]
 
 
 def _heldout_section(fig: dict, names: list[str]) -> list[str]:

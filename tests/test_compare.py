@@ -346,6 +346,23 @@ def test_call_sizes_give_every_arm_n_answers():
     assert heldout.call_sizes(4, 3, 8) == [2]  # 6 answers, the pool keeps the first 4
 
 
+def test_equal_updates_reads_each_training_arm_after_the_fewest_steps_any_made():
+    curve = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    arm = {"trains": True, "seed": 0, "curve_objective": curve}
+    arms = [arm | {"policy": "frozen", "trains": False, "step_evaluations": []},
+            arm | {"policy": "grpo", "step_evaluations": [2, 4, 6]},
+            arm | {"policy": "grpo", "seed": 1, "step_evaluations": [1, 3]},
+            arm | {"policy": "vpo", "step_evaluations": [5, 6], "curve_objective": curve[:6]}]
+    eq = compare_report.equal_updates(arms)
+    assert eq["updates"] == 2  # the frozen arm never trains and does not count
+    assert eq["policies"]["grpo"]["objective"]["values"] == [0.5, 0.4]
+    assert eq["policies"]["grpo"]["evaluations"]["values"] == [4, 3]
+    assert eq["policies"]["vpo"]["objective"]["values"] == [0.6]  # the curve's last point
+    assert eq["verdicts"] == ["grpo vs vpo: one seed: no statistical claim (median best objective after "
+                              "2 updates grpo 0.4500 vs vpo 0.6000)"]
+    assert compare_report.equal_updates(arms[:1]) == {"updates": 0, "policies": {}}
+
+
 def test_band_and_summary():
     b = compare_report.band([[1, 2, 3], [0, 4]], 4)
     assert b["median"] == [0.5, 3.0, 3.0, None] and b["min"] == [0, 2, 3, None] and b["max"] == [1, 4, 3, None]
@@ -410,9 +427,15 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     grpo_arm = fig["arms"]["grpo-s0"]
     record = json.loads((out / "heldout" / "grpo-s0.json").read_text())
     assert record["policy_version"] == grpo_arm["policy_version"]
+    steps_at = grpo_arm["step_evaluations"]  # the evaluated children by the end of each step
+    assert len(steps_at) == grpo_arm["training_steps"] and steps_at == sorted(steps_at)
+    assert all(0 <= i <= grpo_arm["evaluations"] for i in steps_at)
+    assert fig["equal_updates"]["updates"] == len(steps_at)
     if grpo_arm["training_steps"]:
         assert grpo_arm["policy_version"] >= 1 and record["model"] == f"grpo-v{record['policy_version']}"
+        assert f"| grpo | 1 | {grpo_arm['curve_objective'][steps_at[-1]]:.4f} [" in md
     else:
+        assert "No training arm made a training step" in md
         events = (out / "arms" / "grpo-s0" / "events.jsonl").read_text()
         assert grpo_arm["policy_version"] == 0 and "no signal" in events
     assert json.loads((out / "heldout" / "frozen-s0.json").read_text())["policy_version"] == 0
