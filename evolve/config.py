@@ -263,6 +263,8 @@ class Train(Strict):
     # that temperature. Each token's loss is weighted by min(pi_old / q_sampler, is_cap)
     # (truncated importance sampling, from the log-probs vLLM returns); null: no correction.
     is_cap: float | None = Field(default=2.0, gt=0)
+    # Where the trainer runs: auto = the GPU when torch sees one, else the CPU.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None

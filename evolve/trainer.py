@@ -63,8 +63,10 @@ class Trainer:
         hf_logging.set_verbosity_error()
         torch.manual_seed(train.seed if train.seed is not None else 0)  # the hook sets the run seed
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # Frozen base weights in bf16 (half the memory); peft keeps the LoRA weights in fp32.
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        self.device = train_device(train.device)
+        # Frozen base weights in bf16 (half the memory); peft keeps the LoRA weights in fp32
+        # and puts them on the base layers' device.
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(self.device)
         if adapter is not None:
             self.model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         else:
@@ -80,7 +82,7 @@ class Trainer:
         self.head_weight = head.weight.detach().float()
         self.head_bias = head.bias.detach().float() if getattr(head, "bias", None) is not None else None
         if adapter is not None and (Path(adapter) / OPTIMIZER_FILE).exists():
-            self.optimizer.load_state_dict(torch.load(Path(adapter) / OPTIMIZER_FILE))
+            self.optimizer.load_state_dict(torch.load(Path(adapter) / OPTIMIZER_FILE, map_location=self.device))
 
     # ---- data ------------------------------------------------------------------------------
     def encode(self, group: Group, advantages: np.ndarray) -> Sequence:
@@ -153,7 +155,7 @@ class Trainer:
         The micro-batches see the prompt's outputs (key/values, last logits) as leaf tensors and
         accumulate their gradients; one final backward carries the sum through the prompt.
         """
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
             prompt_kv, first_logits = self._prompt(seq.prompt)
             outputs = [t for kv in prompt_kv for t in kv] + [first_logits]
             leaves = [t.detach().requires_grad_() for t in outputs]
@@ -161,14 +163,14 @@ class Trainer:
             for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
                 logp, mask = self._completion_logprobs(seq, idx, leaf_kv, leaves[-1])
-                width = logp.shape[1]
-                old_b = old[idx, :width] if old is not None else logp.detach()
-                ref_b = ref[idx, :width] if ref is not None else None
+                width, dev = logp.shape[1], self.device
+                old_b = old[idx, :width].to(dev) if old is not None else logp.detach()
+                ref_b = ref[idx, :width].to(dev) if ref is not None else None
                 weights, kl_sum, sampled = None, 0.0, 0
                 if seq.sampler is not None:
                     weights, kl_sum, sampled = importance_weights(
-                        old_b, seq.sampler[idx, :width], mask, self.train.is_cap)
-                parts = policy_loss(logp, old_b, ref_b, seq.advantages[idx], mask, clip=self.train.clip,
+                        old_b, seq.sampler[idx, :width].to(dev), mask, self.train.is_cap)
+                parts = policy_loss(logp, old_b, ref_b, seq.advantages[idx].to(dev), mask, clip=self.train.clip,
                                     kl_coef=self.train.kl_coef, n_tokens=n_tokens, weights=weights)
                 parts.loss.backward()
                 yield parts, kl_sum, sampled
@@ -180,12 +182,12 @@ class Trainer:
         """(G, Lmax) log-probs of every completion token, without gradients."""
         self.model.eval()
         rows = torch.zeros(len(seq.completions), max(len(c) for c in seq.completions))
-        with torch.autocast("cpu", dtype=torch.bfloat16), _adapter(self.model, adapter):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16), _adapter(self.model, adapter):
             prompt_kv, first_logits = self._prompt(seq.prompt)
             for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
                 logp, _ = self._completion_logprobs(seq, idx, prompt_kv, first_logits)
-                rows[idx, :logp.shape[1]] = logp.float()
+                rows[idx, :logp.shape[1]] = logp.float().cpu()
         return rows
 
     def _body(self, **inputs):
@@ -194,11 +196,11 @@ class Trainer:
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits from hidden states, outside any autocast."""
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(self.device.type, enabled=False):
             return torch.nn.functional.linear(hidden.float(), self.head_weight, self.head_bias)
 
     def _prompt(self, prompt: torch.Tensor):
-        out = self._body(input_ids=prompt[None], use_cache=True)
+        out = self._body(input_ids=prompt[None].to(self.device), use_cache=True)
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return kv, self._head(out.last_hidden_state[:, -1])
 
@@ -214,6 +216,7 @@ class Trainer:
         mask = torch.zeros(len(comps), width)
         for row, c in enumerate(comps):
             ids[row, :len(c)], mask[row, :len(c)] = c, 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         cache = DynamicCache(ddp_cache_data=[(k.expand(len(comps), -1, -1, -1), v.expand(len(comps), -1, -1, -1))
                                              for k, v in prompt_kv])
         logits = self._head(self._body(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
@@ -272,6 +275,15 @@ def _micro_batches(seq: Sequence, size: int) -> list[torch.Tensor]:
 def _check(stop: threading.Event | None) -> None:
     if stop is not None and stop.is_set():
         raise Interrupted()
+
+
+def train_device(setting: str) -> torch.device:
+    """`auto`: the GPU when torch sees one (a training step there takes seconds, not minutes)."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is cuda, but torch sees no GPU (torch.cuda.is_available() is False)")
+    return torch.device(setting)
 
 
 def peak_rss_mb() -> float:
