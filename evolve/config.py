@@ -265,6 +265,12 @@ class Train(Strict):
     is_cap: float | None = Field(default=2.0, gt=0)
     # Where the trainer runs: auto = the GPU when torch sees one, else the CPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # How a published version is served. hot_load: its LoRA is loaded into the running server
+    # (no restart, but on a CPU every token pays the adapter: 96 -> 42.5 tok/s measured).
+    # merge: the adapter is merged into the weights and the run's embedded server restarted on
+    # them (about 35 s, then full speed; tests/benchmarks/serving.py). auto: merge for an
+    # embedded server on a machine without a GPU, hot_load otherwise.
+    serve: Literal["auto", "hot_load", "merge"] = "auto"
     # The LoRA initialisation and the Dirichlet stream. None: the run's seed, so that seeds of
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None

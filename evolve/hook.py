@@ -33,7 +33,8 @@ class HookError(RuntimeError):
 
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
-                 model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0):
+                 model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
+                 server=None):
         assert policy.train is not None
         seed = run_seed if policy.train.seed is None else policy.train.seed
         self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
@@ -47,6 +48,13 @@ class RLHook:
         self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
         self.guard = Guard(self.train.guard, problem, policy, db) if self.train.guard is not None else None
         self.saved: dict | None = None  # the trainer's state before the step, while the guard decides
+        # merge: published versions are served merged into the weights by the run's own server,
+        # restarted on them (evolve/server.py `serve`); hot_load: LoRAs loaded into it by name.
+        self.server, self.serve = server, serve_mode(self.train.serve, server)
+        self.base_dir = server.model_dir if server is not None else None
+        self.merged = Path(run_dir) / "merged"
+        if self.train.serve == "merge" and self.serve != "merge":
+            emit("adapter", "serve: merge needs the run's own embedded server; hot-loading adapters instead")
 
     # ---- when -------------------------------------------------------------------------------
     def groups_per_step(self) -> int:
@@ -73,6 +81,13 @@ class RLHook:
     async def resume(self, client) -> None:
         """Serve the run's latest adapter again (a fresh server knows none)."""
         current = self.db.policy_version()
+        if self.serve == "merge":
+            took = await self._serve(current)
+            client.model = current.model if current.version > 0 else self.policy.model
+            if current.version > 0 and took > 1.0:
+                self.emit("adapter", f"resumed policy v{current.version} ({current.model}), served merged "
+                          f"into the weights in {took:.0f} s", version=current.version, load_s=took)
+            return
         if current.version > 0:
             load_s = await load_adapter(self.server_url, current.model, current.adapter_path)
             client.model = current.model
@@ -99,29 +114,66 @@ class RLHook:
         step = await asyncio.to_thread(self._train, groups, adv, current)
         path = self.adapters / f"v{new}"
         name = f"{self.policy.name}-v{new}"
-        step.load_s = await load_adapter(self.server_url, name, str(path))
+        version = PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path))
         step.run_id, step.version = self.db.run_id, new
         step.groups, step.reward_mean = len(groups), float(np.mean(np.concatenate(rewards)))
         step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
         step.published = True
-        if self.guard is not None and evaluator is not None:
+        guarded = self.guard is not None and evaluator is not None
+        if guarded or self.serve == "hot_load":
+            step.load_s = await self._hot_load(current, version)
+        if guarded:
             # client.model: the name the current version is served under ("base" is only its label)
             step.guard = await self.guard.check(client, (current.version, client.model), (new, name), evaluator)
             step.published = step.guard["ok"]
             if not step.published:
-                return await self._refuse(step, name, path, current)
-        self.db.add(PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path)))
+                await self._refuse(step, name, path, current)
+                if self.serve == "merge":  # back on the current version's weights
+                    await self._serve(current)
+                return None
+        if self.serve == "merge":
+            step.load_s = await self._serve(version)
+        self.db.add(version)
         self.db.add(step)
         client.model = name
-        if current.version > 0:  # the old adapter is never asked for again
+        if self.serve == "hot_load" and current.version > 0:  # the old adapter is never asked for again
             await unload_adapter(self.server_url, current.model)
         guard = f", guard: {step.guard['why']}" if step.guard else ""
+        served = "merged and restarted in" if self.serve == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"loaded {step.load_s:.2f} s{guard}", version=new, loss=step.loss, kl=step.kl,
+                  f"{served} {step.load_s:.2f} s{guard}", version=new, loss=step.loss, kl=step.kl,
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
         return step
+
+    async def _hot_load(self, current: PolicyVersion, new: PolicyVersion) -> float:
+        """Load the new version's LoRA into the server (seconds). Merged: the server first goes
+        back to the base weights, with the current version as a LoRA too, for the guard."""
+        if self.serve == "merge":
+            await self._serve(PolicyVersion(version=0, model="base"))
+            if current.version > 0:
+                await load_adapter(self.server_url, current.model, current.adapter_path)
+        return await load_adapter(self.server_url, new.model, new.adapter_path)
+
+    async def _serve(self, version: PolicyVersion) -> float:
+        """Restart the server on `version` merged into the weights (the base for v0), unless it
+        serves them already; seconds it took. One merged copy is kept on disk (the model's size)."""
+        from .trainer import merge_adapter
+
+        started = time.time()
+        if version.version == 0:  # v0 is recorded as "base": served under the model's own name
+            weights, name = self.base_dir, self.policy.model
+        else:
+            weights, name = self.merged / f"v{version.version}", version.model
+        if version.version > 0 and not (weights / "config.json").exists():
+            await asyncio.to_thread(merge_adapter, self.base_dir, Path(version.adapter_path), weights)
+        if (self.server.model_dir, self.server.served_name) != (weights, name):
+            await asyncio.to_thread(self.server.serve, weights, name)
+        for old in self.merged.glob("v*") if version.version > 0 else ():
+            if old != weights:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.time() - started
 
     async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion) -> None:
         """The guard found the new version worse: it never serves, the trainer goes back to the
@@ -170,6 +222,19 @@ class RLHook:
                             kl=stats.kl, clip_fraction=stats.clip_fraction, train_s=time.time() - started,
                             sampler_kl=stats.sampler_kl,
                             peak_rss_mb=stats.peak_rss_mb, started_at=started)
+
+
+def serve_mode(setting: str, server) -> str:
+    """How published versions are served: `merge` needs the run's own embedded server; `auto`
+    merges where there is no GPU (a CPU server loses half its speed to a LoRA)."""
+    own = server is not None and not server.reused
+    if setting == "hot_load" or not own:
+        return "hot_load"
+    if setting == "merge":
+        return "merge"
+    import torch
+
+    return "hot_load" if torch.cuda.is_available() else "merge"
 
 
 def _sampler_kl(step: TrainingStep) -> str:

@@ -61,7 +61,9 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple
         if problem.search.llm:  # a tuning-only search needs no policy server
             base_url, model, vllm = server or start_policy_server(policy, run_dir, spec["seed"], stack)
             client = PolicyLink(PolicyClient(policy, base_url, model), report, vllm)
-            hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report)
+            # a server shared with other runs (`evolve suite`) is never restarted on merged weights
+            hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report,
+                                           vllm if server is None else None)
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
         warning = getattr(evaluator.sandbox, "warning", "")  # the process backend: not a jail
@@ -72,7 +74,7 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple
 
 
 def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,
-              report):
+              report, server=None):
     """The RL hook when the policy trains; None for a frozen mutator."""
     if policy.train is None:
         return None
@@ -83,7 +85,8 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
         report(Event(kind, message, fields))
 
     server_url = base_url.removesuffix("/").removesuffix("/v1")
-    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed())
+    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed(),
+                  server=server)
 
 
 async def _run(controller: Controller, client: PolicyClient | None) -> str:

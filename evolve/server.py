@@ -171,6 +171,17 @@ class VLLMServer:
         self._launch()
         self._wait_ready()
 
+    def serve(self, model_dir: Path, served_name: str) -> None:
+        """Restart on other weights under another name: a policy version merged into the
+        weights (evolve/hook.py). A later `restart` comes back on these."""
+        if self.reused:
+            raise ServerError(f"the server at {self.root_url} is not ours to restart")
+        self._log_note(f"serving {served_name} from {model_dir}")
+        self.stop()
+        self.model_dir, self.served_name = Path(model_dir), served_name
+        self._launch()
+        self._wait_ready()
+
     def running(self) -> bool:
         """Whether the process we started is still alive."""
         return self.process is not None and self.process.poll() is None

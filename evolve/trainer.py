@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import resource
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -275,6 +276,22 @@ def _micro_batches(seq: Sequence, size: int) -> list[torch.Tensor]:
 def _check(stop: threading.Event | None) -> None:
     if stop is not None and stop.is_set():
         raise Interrupted()
+
+
+def merge_adapter(model_dir: Path, adapter: Path, out: Path) -> Path:
+    """The base weights with `adapter` merged in, saved as a model directory vLLM can serve
+    (written next to `out` and renamed, so a cut merge never looks finished)."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(tmp)
+    for f in Path(model_dir).iterdir():  # tokenizer, chat template, generation config
+        if f.is_file() and not f.name.endswith(".safetensors") and not (tmp / f.name).exists():
+            shutil.copy(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return out
 
 
 def train_device(setting: str) -> torch.device:

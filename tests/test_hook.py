@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -148,3 +149,16 @@ async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(
     assert not hook.due()
     add_group(db, [[("invalid", None)]], started_at=hook.held_since + 2)
     assert hook.due()  # a step's worth of new groups: try again (on every group of v0)
+
+
+def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
+    import torch
+
+    from evolve.hook import serve_mode
+
+    own, shared = SimpleNamespace(reused=False), SimpleNamespace(reused=True)
+    assert serve_mode("merge", own) == "merge"
+    assert serve_mode("merge", shared) == serve_mode("merge", None) == "hot_load"
+    assert serve_mode("hot_load", own) == "hot_load"
+    assert serve_mode("auto", own) == ("hot_load" if torch.cuda.is_available() else "merge")
+    assert serve_mode("auto", None) == "hot_load"  # an external server is never restarted

@@ -189,3 +189,44 @@ def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
         assert {c.policy_version for c in s.scalars(select(LLMCall))} == {0}
     assert "not published, v0 keeps serving" in done.stdout
     assert not list((run_dir / "adapters").glob("v*")) if (run_dir / "adapters").exists() else True
+
+
+def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
+    """`train.serve: merge` (the CPU default): the run's own server restarts on each published
+    version merged into the weights, later calls go to it by name, one merged copy stays on
+    disk, a resume comes back on it, and those weights give the trainer's log-probs."""
+    policy = tmp_path / "merge.yaml"
+    policy.write_text(grpo_policy(tmp_path / "x.yaml", "test-merge", "null").read_text()
+                      .replace(f"port: {PORT}", f"port: {PORT + 1}")
+                      .replace("guard: null}", "guard: null, serve: merge}"))
+    run_dir = tmp_path / "run"
+    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 4,
+                   "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
+    assert first.returncode == 0, first.stdout + first.stderr
+    with db_session(run_dir) as s:
+        versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
+        calls = s.scalars(select(LLMCall).order_by(LLMCall.id)).all()
+    latest = versions[-1]
+    assert latest.version >= 1, first.stdout  # HumanEval/0 gives the 0.5B model a signal
+    assert "merged and restarted in" in first.stdout
+    model_of = {v.version: v.model for v in versions} | {0: MODEL}
+    assert all(c.model == model_of[c.policy_version] for c in calls)
+    assert [p.name for p in (run_dir / "merged").iterdir()] == [f"v{latest.version}"]
+    log = (run_dir / "vllm.log").read_text()
+    assert f"serving {latest.model} from {run_dir / 'merged' / f'v{latest.version}'}" in log
+
+    second = evolve("resume", run_dir, "--max-llm-calls", 5)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"resumed policy v{latest.version} ({latest.model}), served merged" in second.stdout
+    with db_session(run_dir) as s:
+        call = s.scalars(select(LLMCall).order_by(LLMCall.id.desc())).first()
+        assert call.policy_version >= latest.version and call.error is None and call.model.startswith("test-merge-v")
+
+    # The merged weights serve what the trainer trained (base + adapter, from disk).
+    with db_session(run_dir) as s:
+        latest = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version.desc())).first()
+    weights = run_dir / "merged" / f"v{latest.version}"
+    settings = Server(port=PORT + 2, max_model_len=8192, extra_args=["--enforce-eager"])
+    with VLLMServer(weights, latest.model, settings, tmp_path / "merged.log") as merged:
+        gap = served_vs_trained(merged, latest)
+    assert gap["mean"] < SERVED_TOLERANCE["mean"] and gap["max"] < SERVED_TOLERANCE["max"], gap

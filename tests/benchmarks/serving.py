@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from evolve.config import Server
 from evolve.hook import load_adapter
 from evolve.models import ensure_model
 from evolve.server import VLLMServer
+from evolve.trainer import merge_adapter
 
 PORT = 8131
 PROMPT = [{"role": "user", "content": "Write a Python function that places 26 circles in the unit square so "
@@ -53,15 +53,8 @@ def make_adapter(model_dir: Path, rank: int, out: Path) -> Path:
 
 
 def merge(model_dir: Path, adapter: Path, out: Path) -> float:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     started = time.time()
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(out)
-    for f in model_dir.iterdir():  # tokenizer, chat template, generation config
-        if f.is_file() and not f.name.endswith(".safetensors") and not (out / f.name).exists():
-            shutil.copy(f, out / f.name)
+    merge_adapter(model_dir, adapter, out)  # what the hook does for `train.serve: merge`
     return time.time() - started
 
 
