@@ -320,6 +320,10 @@ def rl_panel(s: Snapshot) -> Panel:
         t.add_row("KL", f"{last['kl']:.4g}")
         if last.get("sampler_kl") is not None:  # how far the served distribution is from the trained one
             t.add_row("sampler KL", f"{last['sampler_kl']:.4g}")
+        check = last.get("served_check")
+        if check and check.get("tokens"):  # the first call after the load, against the trainer
+            t.add_row("served vs trained", Text(f"Δ log p {check['mean']:.3f} mean, {check['max']:.3f} max",
+                                                style="green" if check["ok"] else "bold red"))
         t.add_row("mean |advantage|", f"{last['mean_abs_advantage']:.4g}")
         t.add_row("clip fraction", f"{last['clip_fraction']:.3f}")
         t.add_row("reward mean", f"{last['reward_mean']:.4g}")

@@ -127,11 +127,12 @@ class PolicyLink:
     def model(self, name: str) -> None:
         self.client.model = name
 
-    async def sample(self, messages, n: int, seed: int | None = None):
+    async def sample(self, messages, n: int, seed: int | None = None, max_tokens: int | None = None):
+        short = {"max_tokens": max_tokens} if max_tokens else {}  # only the RL hook's probe asks
         while True:
             epoch = self.epoch
             try:
-                sample = await self.client.sample(messages, n, seed=seed)
+                sample = await self.client.sample(messages, n, seed=seed, **short)
             except TRANSIENT as exc:
                 delay = self.outage.failed(_short(exc))
                 if await self._repair(epoch, exc):

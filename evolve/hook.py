@@ -31,6 +31,13 @@ class HookError(RuntimeError):
     pass
 
 
+# Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
+# CPU backend and torch, so exact equality is not expected; an adapter that is not the
+# trained one (or not loaded at all) moves them by far more (tests/test_rl_run.py).
+SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
+CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
+
+
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
                  model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
@@ -127,12 +134,21 @@ class RLHook:
             step.guard = await self.guard.check(client, (current.version, client.model), (new, name), evaluator)
             step.published = step.guard["ok"]
             if not step.published:
-                await self._refuse(step, name, path, current)
+                cost = step.guard["after"]["seconds"] if "after" in step.guard else 0.0
+                await self._refuse(step, name, path, current, f"{step.guard['why']} (guard: "
+                                   f"{step.guard['parents']} held-out parents, {cost:.0f} s)")
                 if self.serve == "merge":  # back on the current version's weights
                     await self._serve(current)
                 return None
         if self.serve == "merge":
             step.load_s = await self._serve(version)
+        step.served_check = await self._served_check(client, name, groups[-1])
+        if not step.served_check["ok"]:
+            step.published = False
+            await self._refuse(step, name, path, current, self._mismatch(step.served_check))
+            if self.serve == "merge":
+                await self._serve(current)
+            return None
         self.db.add(version)
         self.db.add(step)
         client.model = name
@@ -142,7 +158,8 @@ class RLHook:
         served = "merged and restarted in" if self.serve == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"{served} {step.load_s:.2f} s{guard}", version=new, loss=step.loss, kl=step.kl,
+                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}",
+                  version=new, loss=step.loss, kl=step.kl, served_check=step.served_check,
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
         return step
@@ -175,19 +192,50 @@ class RLHook:
                 shutil.rmtree(old, ignore_errors=True)
         return time.time() - started
 
-    async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion) -> None:
-        """The guard found the new version worse: it never serves, the trainer goes back to the
-        state it had before the step, and the hook waits for a step's worth of new groups."""
+    async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion, why: str) -> None:
+        """The new version must not serve (the guard measured it worse, or the server does not
+        reproduce it): the trainer goes back to the state it had before the step, and the hook
+        waits for a step's worth of new groups."""
         await unload_adapter(self.server_url, name)
         await asyncio.to_thread(self.trainer.restore, self.saved)
         shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
+        shutil.rmtree(self.merged / f"v{step.version}", ignore_errors=True)
         self.held_since = time.time()
         self.db.add(step)
-        cost = step.guard["after"]["seconds"] if "after" in step.guard else 0.0
-        self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: "
-                  f"{step.guard['why']} (guard: {step.guard['parents']} held-out parents, {cost:.0f} s)",
-                  version=current.version, refused=step.version, published=False, why=step.guard["why"])
-        return None
+        self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: {why}",
+                  version=current.version, refused=step.version, published=False, why=why)
+
+    async def _served_check(self, client, name: str, group: Group) -> dict:
+        """The first call to a newly served version, against the trainer's log-probs of the
+        tokens it sampled. A server that serves another adapter (or none, or a stale merged
+        copy) moves them by far more than the kernels' bf16 noise."""
+        started, previous = time.time(), client.model
+        client.model = name
+        try:
+            sample = await client.sample(group.messages, 1, seed=self.train.seed, max_tokens=CHECK_TOKENS)
+        finally:
+            client.model = previous
+        ids, served = (sample.token_ids or [None])[0], (sample.logprobs or [None])[0]
+        prompt = sample.prompt_token_ids or group.prompt_token_ids
+        if not ids or served is None or prompt is None or len(served) != len(ids):
+            return {"ok": True, "tokens": 0, "seconds": time.time() - started}  # nothing to compare
+        trained = await asyncio.to_thread(self.trainer.logprobs, prompt, ids)
+        gaps = np.abs(np.array(served) - np.array(trained))
+        # top_p renormalises the nucleus: a sampled token's served log-prob may exceed the
+        # trainer's (which has no top_p) by up to -log(top_p).
+        slack = -np.log(self.policy.sampling.top_p)
+        check = {"mean": float(gaps.mean()), "max": float(gaps.max()), "tokens": len(gaps),
+                 "tolerance": {k: v + slack for k, v in SERVED_TOLERANCE.items()}}
+        check["ok"] = check["mean"] <= check["tolerance"]["mean"] and check["max"] <= check["tolerance"]["max"]
+        check["seconds"] = time.time() - started
+        return check
+
+    @staticmethod
+    def _mismatch(check: dict) -> str:
+        return (f"the server does not reproduce the trained adapter: its log-probs of {check['tokens']} "
+                f"sampled tokens differ by {check['mean']:.3f} nats on average and {check['max']:.3f} at most "
+                f"(tolerance {check['tolerance']['mean']:.3f} / {check['tolerance']['max']:.3f}); a remote "
+                "vLLM must run with --logprobs-mode processed_logprobs")
 
     def advantages(self, groups: list[Group], version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per group: (advantage per rollout, the algorithm's reward per rollout)."""
@@ -215,7 +263,7 @@ class RLHook:
             adapter = Path(current.adapter_path) if current.adapter_path else None
             self.trainer = Trainer(self.model_dir, self.train, self.policy.sampling.temperature, adapter)
         started = time.time()
-        self.saved = self.trainer.checkpoint() if self.guard is not None else None
+        self.saved = self.trainer.checkpoint()  # the guard or the served check may refuse the step
         stats = self.trainer.step([self.trainer.encode(g, a) for g, a in zip(groups, adv)], self.stop)
         self.trainer.save(self.adapters / f"v{current.version + 1}")
         return TrainingStep(algorithm=self.train.algorithm, rollouts=stats.rollouts, loss=stats.loss,
@@ -240,6 +288,12 @@ def serve_mode(setting: str, server) -> str:
 def _sampler_kl(step: TrainingStep) -> str:
     """The sampler-to-trainer KL for a log line, when the sampler's log-probs were served."""
     return "" if step.sampler_kl is None else f"sampler KL {step.sampler_kl:.2e}, "
+
+
+def _served_line(step: TrainingStep) -> str:
+    check = step.served_check
+    return f", serves as trained (Δ log p {check['mean']:.3f} mean, {check['max']:.3f} max)" \
+        if check and check["tokens"] else ""
 
 
 async def load_adapter(server_url: str, name: str, path: str) -> float:

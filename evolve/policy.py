@@ -198,7 +198,8 @@ class PolicyClient:
         self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0,
                                   timeout=policy.server.request_timeout_s)
 
-    async def sample(self, messages: list[dict], n: int, seed: int | None = None) -> Sample:
+    async def sample(self, messages: list[dict], n: int, seed: int | None = None,
+                     max_tokens: int | None = None) -> Sample:
         s = self.policy.sampling
         extra = {"seed": seed} if (s.seed_requests and seed is not None) else {}
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
@@ -214,7 +215,7 @@ class PolicyClient:
         started = time.time()
         resp = await self.client.chat.completions.create(
             model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
-            max_tokens=s.max_tokens, extra_body=body or None, **extra)
+            max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage
         return Sample(texts=[c.message.content or "" for c in choices],

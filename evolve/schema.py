@@ -163,6 +163,9 @@ class TrainingStep(Base):
     # Mean per-token KL(sampler || trainer) over the step's tokens: how far the served
     # distribution is from the one the trainer computes ratios against. Null: not served.
     sampler_kl: Mapped[float | None] = mapped_column(Float, deferred=True)
+    # The first call to the newly served version against the trainer's log-probs of the same
+    # tokens: {mean, max, tokens, ok, seconds} in nats. Null: not checked (older schemas, refused).
+    served_check: Mapped[dict | None] = mapped_column(JSON, deferred=True)
 
 
 class Tuning(Base):

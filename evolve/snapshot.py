@@ -251,7 +251,7 @@ class RunReader:
         self.acc = _Acc()
         self._tables: set[str] = set()
         self._beats: bool | None = None  # sessions.heartbeat_at exists (revision 0004)
-        self._step_columns: set[str] | None = None  # training_steps' columns (0005, 0006 added some)
+        self._step_columns: set[str] | None = None  # training_steps' columns (0005-0007 added some)
         self._best_detail: Best | None = None
 
     # -- connection ---------------------------------------------------------------------------

@@ -162,3 +162,40 @@ def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
     assert serve_mode("hot_load", own) == "hot_load"
     assert serve_mode("auto", own) == ("hot_load" if torch.cuda.is_available() else "merge")
     assert serve_mode("auto", None) == "hot_load"  # an external server is never restarted
+
+
+async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(tmp_path):
+    """The run-time served-equals-trained check, its arithmetic isolated: a stand-in server
+    reports log-probs, a stand-in trainer its own for the same tokens (the real parts:
+    tests/test_rl_run.py)."""
+    from evolve.hook import SERVED_TOLERANCE
+    from evolve.policy import Sample
+
+    db = open_db(tmp_path)
+    hook = _hook(tmp_path, db, "grpo")
+    add_group(db, [[("ok", {"x": 1, "y": 0})]])
+    (group,) = complete_groups(db.session, db.run_id, COMPONENTS)
+    trained = [-0.5, -1.0, -2.0]
+    hook.trainer = SimpleNamespace(logprobs=lambda prompt, ids: trained if prompt == [1, 2] else None)
+
+    class Server:
+        def __init__(self, served):
+            self.model, self.served, self.asked = "base", served, []
+
+        async def sample(self, messages, n, seed=None, max_tokens=None):
+            self.asked.append((self.model, n, max_tokens))
+            return Sample(texts=["x"], finish_reasons=["length"], prompt_tokens=2, completion_tokens=3,
+                          started_at=0.0, latency_s=0.1, token_ids=[[7, 8, 9]], prompt_token_ids=[1, 2],
+                          logprobs=[self.served])
+
+    slack = -np.log(hook.policy.sampling.top_p)  # top_p lifts a sampled token's served log-prob
+    close = Server([t + slack for t in trained])
+    check = await hook._served_check(close, "grpo-v1", group)
+    assert check["ok"] and check["tokens"] == 3 and close.model == "base"  # the client's model is put back
+    assert close.asked == [("grpo-v1", 1, 32)]  # one short answer, from the new version
+    assert check["tolerance"]["max"] == pytest.approx(SERVED_TOLERANCE["max"] + slack)
+    far = await hook._served_check(Server([-0.5, -1.0, -0.5]), "grpo-v1", group)  # one token 1.5 nats off
+    assert not far["ok"] and far["max"] == pytest.approx(1.5) and far["mean"] == pytest.approx(0.5)
+    assert "does not reproduce the trained adapter" in hook._mismatch(far)
+    unknown = await hook._served_check(Server(None), "grpo-v1", group)  # no log-probs served: no verdict
+    assert unknown["ok"] and unknown["tokens"] == 0

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from evolve.config import Server
-from evolve.hook import load_adapter
+from evolve.hook import SERVED_TOLERANCE, load_adapter
 from evolve.models import ensure_model
 from evolve.schema import Completion, LLMCall, PolicyVersion, TrainingStep
 from evolve.server import VLLMServer
@@ -53,18 +53,11 @@ def policy(tmp_path):
     return grpo_policy(tmp_path / "grpo.yaml", "test-grpo", "null")
 
 
-# Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
-# CPU backend and torch, so exact equality is not expected; an adapter that was not the trained
-# one (or not loaded at all) moves them by far more.
-SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
-
-
 def served_vs_trained(server: VLLMServer, version) -> dict:
-    import torch
     from transformers import AutoTokenizer
 
     from evolve.config import Train
-    from evolve.trainer import Sequence, Trainer
+    from evolve.trainer import Trainer
 
     body = {"model": version.model, "messages": PROMPT, "max_tokens": 24, "temperature": 0, "seed": 7,
             "logprobs": True, "return_token_ids": True}
@@ -74,8 +67,7 @@ def served_vs_trained(server: VLLMServer, version) -> dict:
     prompt = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
         PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)
     trainer = Trainer(model_dir, Train(algorithm="grpo"), temperature=1.0, adapter=version.adapter_path)
-    seq = Sequence(torch.tensor(prompt), [torch.tensor(choice["token_ids"])], torch.zeros(1))
-    trained = trainer._logprobs(seq, adapter=True, stop=None)[0, :len(served)].tolist()
+    trained = trainer.logprobs(prompt, choice["token_ids"])[:len(served)]
     gaps = [abs(a - b) for a, b in zip(served, trained)]
     return {"mean": sum(gaps) / len(gaps), "max": max(gaps), "tokens": len(gaps)}
 
@@ -108,6 +100,8 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
             # q (top_p 0.95 at T 1) against pi_old: log q - log pi lies in [0, -log 0.95] per token
             # in exact arithmetic; bf16 kernels add noise of the order of SERVED_TOLERANCE.
             assert step.sampler_kl is not None and abs(step.sampler_kl) < 0.5, step.sampler_kl
+            # the first call after the load reproduced the trainer's log-probs (run-time check)
+            assert step.served_check["ok"] and step.served_check["tokens"] > 0, step.served_check
             assert (run_dir / "adapters" / f"v{step.version}" / "adapter_config.json").exists()
         # Each call records the version that produced it, and was routed to that version's model.
         model_of = {v.version: v.model for v in versions}
@@ -191,6 +185,52 @@ def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
     assert not list((run_dir / "adapters").glob("v*")) if (run_dir / "adapters").exists() else True
 
 
+# `evolve run` with a trainer whose saved adapter is not what it trained (LoRA B randomised in
+# the file only): the server then serves other weights than the trainer's, and the run-time
+# check on the first call after the load must refuse the version.
+SKEWED_TRAINER = f"""
+import sys, torch
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+sys.path.insert(0, {str(ROOT)!r})
+import evolve.trainer as trainer
+real_save = trainer.Trainer.save
+def save(self, path):
+    out = real_save(self, path)
+    weights = Path(path) / "adapter_model.safetensors"
+    skewed = {{k: torch.randn_like(v) if "lora_B" in k else v for k, v in load_file(weights).items()}}
+    save_file(skewed, weights)
+    return out
+trainer.Trainer.save = save
+from evolve.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_server_that_does_not_serve_the_trained_adapter_is_caught_on_its_first_call(server, tmp_path):
+    import subprocess
+    import sys
+
+    policy = grpo_policy(tmp_path / "unguarded.yaml", "test-skewed", "null")  # the check, not the guard
+    script = tmp_path / "skewed_evolve.py"
+    script.write_text(SKEWED_TRAINER)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
+                           "--run-dir", str(run_dir), "--max-llm-calls", "3", "--no-dashboard",
+                           "--set", "task=HumanEval/0", "--set", "budget.target_objective=null"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with db_session(run_dir) as s:
+        checked = [st for st in s.scalars(select(TrainingStep)) if st.served_check]
+        assert checked, done.stdout[-3000:]
+        for st in checked:
+            assert st.published is False and not st.served_check["ok"], st.served_check
+            assert st.served_check["max"] > st.served_check["tolerance"]["max"]
+        assert [v.version for v in s.scalars(select(PolicyVersion))] == [0]  # nothing else served
+        assert {c.policy_version for c in s.scalars(select(LLMCall))} == {0}
+    assert "does not reproduce the trained adapter" in done.stdout
+
+
 def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     """`train.serve: merge` (the CPU default): the run's own server restarts on each published
     version merged into the weights, later calls go to it by name, one merged copy stays on
@@ -200,12 +240,14 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
                       .replace(f"port: {PORT}", f"port: {PORT + 1}")
                       .replace("guard: null}", "guard: null, serve: merge}"))
     run_dir = tmp_path / "run"
-    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 4,
+    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 3,
                    "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
     assert first.returncode == 0, first.stdout + first.stderr
     with db_session(run_dir) as s:
         versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
         calls = s.scalars(select(LLMCall).order_by(LLMCall.id)).all()
+        checks = [st.served_check for st in s.scalars(select(TrainingStep)) if st.published]
+    assert checks and all(c["ok"] and c["tokens"] > 0 for c in checks), checks  # the merged weights, at run time
     latest = versions[-1]
     assert latest.version >= 1, first.stdout  # HumanEval/0 gives the 0.5B model a signal
     assert "merged and restarted in" in first.stdout
@@ -215,7 +257,7 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     log = (run_dir / "vllm.log").read_text()
     assert f"serving {latest.model} from {run_dir / 'merged' / f'v{latest.version}'}" in log
 
-    second = evolve("resume", run_dir, "--max-llm-calls", 5)
+    second = evolve("resume", run_dir, "--max-llm-calls", 4)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"resumed policy v{latest.version} ({latest.model}), served merged" in second.stdout
     with db_session(run_dir) as s:
