@@ -61,4 +61,17 @@ if ! setup_docker; then
     echo "setup.sh: the Docker sandbox is not set up; evolve will use the process sandbox"
     [ "${CI:-}" != "true" ] || exit 1
 fi
+
+# The tests start throwaway PostgreSQL servers (tests/postgres.py): Debian's server binaries.
+setup_postgres() {
+    if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then return 0; fi
+    command -v apt-get >/dev/null || { echo "no apt-get: install PostgreSQL yourself"; return 1; }
+    as_root apt-get update -q || return 1
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql || return 1
+}
+
+if [ "${1:-}" = "--test" ] && ! setup_postgres; then
+    echo "setup.sh: no PostgreSQL server for the tests; they skip (CI fails)"
+    [ "${CI:-}" != "true" ] || exit 1
+fi
 echo "setup.sh: ready ($VENV)"

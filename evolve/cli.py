@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from .config import ConfigError, load_policy, load_problem, run_problem
@@ -18,11 +19,11 @@ RUN_FILE = "run.json"
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from .database import SchemaError
+    from .database import RunInUse, SchemaError
     from .faults import FAULT_EXIT, SandboxFault, fault_of
     try:
         return args.func(args) or 0
-    except (ConfigError, RunDirError, SchemaError) as exc:
+    except (ConfigError, RunDirError, SchemaError, RunInUse) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a part that failed before or after a run: one line, not a traceback
@@ -184,9 +185,16 @@ def new_run(run_dir: Path, problem: Path, sets: list[str], policy: Path, seed: i
     spec = {"problem": str(Path(problem).resolve()), "set": list(sets), "policy": str(Path(policy).resolve()),
             "seed": seed,
             # None: evolve.db inside the run directory, wherever it is moved or copied to
-            "db_url": db_url, "run_name": run_dir.resolve().name, "budget": dict(budget or {})}
+            "db_url": db_url, "run_name": run_name(run_dir, db_url), "budget": dict(budget or {})}
     _write_spec(run_dir, spec)
     return spec
+
+
+def run_name(run_dir: Path, db_url: str | None) -> str:
+    """The run's name in its database: the directory's own database holds one run; a shared
+    one (--db-url) holds many, so the name gets a random suffix (two `runs/x/run` must differ)."""
+    name = run_dir.resolve().name
+    return name if db_url is None else f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def cmd_resume(args) -> int:

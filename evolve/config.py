@@ -55,10 +55,22 @@ class Descriptor(Strict):
         return self
 
 
+class RayCluster(Strict):
+    """Where `sandbox.backend: ray` sends candidates (evolve/ray_sandbox.py)."""
+    # None: a Ray started here for this run; "auto": the cluster this machine belongs to
+    # (`ray start`); or "ray://HEAD:10001" (Ray Client) / "HEAD:6379".
+    address: str | None = None
+    node_backend: Literal["docker", "process"] = "docker"  # the jail on each node
+    # Candidates evaluated at once per node; None: the node's CPUs / sandbox.cpus.
+    slots_per_node: int | None = Field(default=None, ge=1)
+
+
 class SandboxLimits(Strict):
     # docker: the jail (a run fails with the reason where Docker cannot run). process: an
     # explicit opt-in to run candidates on this host, which is not a jail (README, Sandbox).
-    backend: Literal["docker", "process"] = "docker"
+    # ray: on the nodes of a Ray cluster, each in its own `ray.node_backend`.
+    backend: Literal["docker", "process", "ray"] = "docker"
+    ray: RayCluster = RayCluster()
     timeout_s: float = Field(default=30.0, gt=0)
     memory_mb: int = Field(default=1024, ge=64)
     cpus: float = Field(default=1.0, gt=0)
@@ -200,6 +212,9 @@ class Server(Strict):
     """Where the policy is served: an embedded vLLM the engine starts, or any base URL."""
     embedded: bool = True
     base_url: str | None = None  # used when embedded is false
+    # More endpoints serving the same model (vLLM replicas): each call goes to the least
+    # loaded one; one that fails is taken out for a while (evolve/endpoints.py).
+    base_urls: list[str] = Field(default_factory=list)
     api_key_env: str | None = None  # name of the environment variable holding the key
     host: str = "127.0.0.1"
     port: int = Field(default=8011, ge=1, le=65535)
@@ -213,9 +228,15 @@ class Server(Strict):
 
     @model_validator(mode="after")
     def _remote_needs_url(self):
-        if not self.embedded and not self.base_url:
-            raise ValueError("base_url is required when embedded is false")
+        if not self.embedded and not self.endpoints():
+            raise ValueError("base_url (or base_urls) is required when embedded is false")
+        if self.embedded and self.base_urls:
+            raise ValueError("base_urls lists remote endpoints: set embedded: false")
         return self
+
+    def endpoints(self) -> list[str]:
+        """The remote endpoints, in order; duplicates dropped."""
+        return list(dict.fromkeys(([self.base_url] if self.base_url else []) + self.base_urls))
 
 
 class Sampling(Strict):

@@ -67,7 +67,9 @@ class Controller:
         self.stats = Stats()
         self.claimed = 0  # evaluations started this session
         self.queued = 0  # children waiting for an evaluation slot: budget they will claim
-        self.eval_slots = asyncio.Semaphore(budget.eval_concurrency)
+        # A Ray cluster says how many candidates its nodes take at once; one host: the budget's.
+        slots = getattr(getattr(evaluator, "sandbox", None), "capacity", None)
+        self.eval_slots = asyncio.Semaphore(slots or budget.eval_concurrency)
         self.in_flight: set[asyncio.Task] = set()
         self.hook = hook  # the RL hook (evolve/hook.py), or None for a frozen mutator
         self.train_lock = asyncio.Lock()

@@ -29,7 +29,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .events import Event, printable
+from .events import PARTS, Event, printable
 from .snapshot import RunReader, Snapshot
 
 REFRESH_S = 1.0  # one frame a second: the clock ticks, and the CPU cost stays ~1 % (see benchmarks)
@@ -38,6 +38,8 @@ HIDDEN = {"progress"}  # every panel already shows what a progress line says
 KIND_STYLE = {"best": "bold green", "migration": "cyan", "llm_error": "bold red", "error": "bold red",
               "llm_down": "bold red", "llm_retry": "red", "llm_restart": "bold yellow", "llm_up": "green",
               "sandbox_down": "bold red", "sandbox_retry": "red", "sandbox_up": "green", "fault": "bold red",
+              "database_down": "bold red", "database_retry": "red", "database_up": "green",
+              "llm_endpoint": "yellow",
               "training": "magenta", "adapter": "bold magenta", "stop": "yellow", "seed": "green",
               "output": "dim", "log": "dim"}
 SPARK = "▁▂▃▄▅▆▇█"
@@ -94,7 +96,7 @@ def outages(events) -> list[str]:
     down: dict[str, tuple[Event, Event]] = {}  # part -> (the outage's first event, its latest)
     for e in events:
         part, _, what = e.kind.rpartition("_")
-        if part not in ("llm", "sandbox") or what not in ("down", "retry", "restart", "up"):
+        if part not in PARTS or what not in ("down", "retry", "restart", "up"):
             continue
         if what == "up":
             down.pop(part, None)
@@ -102,7 +104,7 @@ def outages(events) -> list[str]:
             down[part] = (down.get(part, (e, e))[0], e)
     lines = []
     for part, (first, last) in down.items():
-        label = "policy server" if part == "llm" else "sandbox"
+        label = PARTS[part]
         since = time.strftime("%H:%M:%S", time.localtime(first.time))
         reason = last.fields.get("reason") or last.message
         attempt = f", attempt {last.fields['attempt']}" if "attempt" in last.fields else ""

@@ -19,7 +19,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -39,9 +39,12 @@ def sqlite_url(path: Path) -> str:
 
 
 def connect(url: str) -> Engine:
-    """An engine for any SQLAlchemy URL; SQLite gets WAL so a dashboard can read while we write."""
+    """An engine for any SQLAlchemy URL; SQLite gets WAL so a dashboard can read while we write.
+    A server database's pooled connections are pinged before use: after a server restart a
+    stale one is replaced instead of failing the run."""
     sqlite = url.startswith("sqlite")
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {},
+                           pool_pre_ping=not sqlite)
     if engine.dialect.name == "sqlite":
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):
@@ -57,10 +60,21 @@ class SchemaError(Exception):
     """The database was written by a newer evolve: upgrading it here could lose data."""
 
 
+class RunInUse(Exception):
+    """Another process writes this run: on a shared server database, one writer per run."""
+
+
+# PostgreSQL advisory locks of evolve: (LOCKS, 0) serialises migrations, (LOCKS, run id) is
+# held by the one process that writes that run. SQLite's file lock does both by itself.
+LOCKS = 0x65766F  # "evo"
+
+
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision (creating it on an empty database)."""
     cfg = _alembic_config()
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two runs starting on an empty database at once
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k, 0)"), {"k": LOCKS})
         _refuse_newer(conn, ScriptDirectory.from_config(cfg))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
@@ -153,6 +167,19 @@ class Ask:
     how: str  # exploit | explore | migrate
 
 
+def _claim_run(engine: Engine, run_id: int, run_name: str):
+    """On PostgreSQL, a connection holding the run's writer lock (None elsewhere). A second
+    writer, from any host, is refused; the server drops the lock when its holder dies."""
+    if engine.dialect.name != "postgresql":
+        return None
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    if not conn.execute(text("SELECT pg_try_advisory_lock(:k, :run)"), {"k": LOCKS, "run": run_id}).scalar():
+        conn.close()
+        raise RunInUse(f"run {run_name!r} (id {run_id}) in {engine.url.render_as_string(hide_password=True)} "
+                       "is being written by another process; one process writes a run")
+    return conn
+
+
 class ProgramDatabase:
     def __init__(self, engine: Engine, run_id: int, axes: list[Descriptor], search: Search):
         self.engine = engine
@@ -162,6 +189,7 @@ class ProgramDatabase:
         self.search = search
         self.islands = [IslandIndex() for _ in range(search.islands)]
         self._batch = 0  # > 0: inside batch(), commits wait for its end
+        self.writer = None  # PostgreSQL: the connection that holds the run's writer lock
         self._load()
 
     # ---- opening -------------------------------------------------------------------
@@ -184,7 +212,10 @@ class ProgramDatabase:
                 s.add(PolicyVersion(run_id=run.id, version=0, model="base"))
                 s.commit()
             run_id = run.id
-        return cls(engine, run_id, axes, search)
+        writer = _claim_run(engine, run_id, run_name)
+        db = cls(engine, run_id, axes, search)
+        db.writer = writer
+        return db
 
     def _load(self) -> None:
         rows = self.session.execute(
@@ -219,6 +250,9 @@ class ProgramDatabase:
 
     def close(self) -> None:
         self.session.close()
+        if self.writer is not None:  # the run's advisory lock goes with its connection
+            self.writer.close()
+            self.writer = None
         self.engine.dispose()
 
     # ---- queries -------------------------------------------------------------------

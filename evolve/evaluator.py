@@ -42,10 +42,10 @@ def load_scorer(problem: Problem) -> ModuleType:
 
 
 class Evaluator:
-    def __init__(self, problem: Problem, sandbox=None):
+    def __init__(self, problem: Problem, sandbox=None, report=None):
         self.problem = problem
         self.scorer = load_scorer(problem)
-        self.sandbox = make_sandbox(problem.sandbox) if sandbox is None else sandbox
+        self.sandbox = make_sandbox(problem.sandbox, report) if sandbox is None else sandbox
 
     async def evaluate(self, code: str) -> Evaluation:
         start = time.monotonic()

@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 # kinds: run, sandbox, seed, resume, progress, best, migration, llm_error, training, adapter, stop,
-# outages (evolve.faults): llm_down/_retry/_up, llm_restart, sandbox_down/_retry/_up; fault
+# outages (evolve.faults): llm_down/_retry/_up, llm_restart, sandbox_down/_retry/_up,
+# database_down/_retry/_up; fault; llm_endpoint: one of several policy endpoints out or back
+PARTS = {"llm": "policy server", "sandbox": "sandbox", "database": "database server"}  # outage kinds' parts
 KINDS = ("run", "sandbox", "seed", "resume", "progress", "best", "migration", "llm_error",
          "training", "adapter", "stop", "llm_down", "llm_retry", "llm_up", "llm_restart",
-         "sandbox_down", "sandbox_retry", "sandbox_up", "fault")
+         "sandbox_down", "sandbox_retry", "sandbox_up", "database_down", "database_retry", "database_up",
+         "fault", "llm_endpoint")
 
 
 # C0 and C1 control characters but newline and tab (ESC starts screen clears and OSC 52

@@ -17,7 +17,7 @@ from typing import Callable
 
 import openai
 
-from .events import Event
+from .events import PARTS, Event
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_CAP_S = 60.0
@@ -27,7 +27,10 @@ MAX_RESTARTS = 3  # restarts in one outage before the run gives up on the policy
 # (e.g. 400, a prompt the server rejects) is recorded as a failed call and the search goes on.
 TRANSIENT = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 FAULT_EXIT = 75  # EX_TEMPFAIL: stopped by a fault; `evolve resume` once it is fixed
-PARTS = {"llm": "policy server", "sandbox": "sandbox"}
+# A server database that went away (restarted, network) is waited for, up to this long; the
+# run then resumes in the same process (evolve/runner.py).
+DATABASE_AWAY = "the database server went away"
+DATABASE_WAIT_S = 600.0
 
 
 class Fault(Exception):
@@ -48,6 +51,8 @@ def fault_of(exc: BaseException) -> str | None:
 
     if isinstance(exc, Fault):
         return str(exc)
+    if database_away(exc):
+        return f"{DATABASE_AWAY} ({_short(exc.orig)}); nothing was lost"
     if isinstance(exc, OperationalError):
         text = str(exc.orig)
         if "locked" in text or "busy" in text:
@@ -58,6 +63,40 @@ def fault_of(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"disk full: {exc.filename or 'a run file'} could not be written; free some space"
     return None
+
+
+def database_away(exc: BaseException) -> bool:
+    """The database server closed our connection or refuses new ones: waiting can fix that
+    (SQLite, a file, never goes away like this)."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    driver = type(exc.orig).__module__.split(".")[0]
+    return exc.connection_invalidated or (driver == "psycopg" and "connect" in str(exc.orig).lower())
+
+
+def wait_for_database(url: str, report: Callable[[Event], None], limit_s: float = DATABASE_WAIT_S) -> bool:
+    """Until the database answers again (True), telling the user as an outage; False after
+    `limit_s` (the run then stays stopped, resumable)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.pool import NullPool
+
+    engine, outage, started = create_engine(url, poolclass=NullPool), Outage("database", report), time.time()
+    try:
+        while True:
+            try:
+                with engine.connect():
+                    outage.recovered()
+                    return True
+            except OperationalError as exc:
+                delay = outage.failed(_short(exc.orig))
+                if time.time() - started + delay > limit_s:
+                    return False
+                time.sleep(delay)
+    finally:
+        engine.dispose()
 
 
 def backoff(attempt: int) -> float:

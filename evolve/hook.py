@@ -41,7 +41,7 @@ CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, n
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
                  model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
-                 server=None):
+                 server=None, replicas: list[str] = ()):
         assert policy.train is not None
         seed = run_seed if policy.train.seed is None else policy.train.seed
         self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
@@ -50,6 +50,9 @@ class RLHook:
         self.weights = np.array([weights[c] for c in self.components])
         self.adapters = Path(run_dir) / "adapters"
         self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
+        # every endpoint of the policy serves each version (hot-loaded into each)
+        self.server_urls = [self.server_url, *(u.rstrip("/") for u in replicas)]
+        self.unreachable: Callable[[str, str], None] | None = None  # set with several endpoints
         self.trainer = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
         self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
@@ -96,7 +99,7 @@ class RLHook:
                           f"into the weights in {took:.0f} s", version=current.version, load_s=took)
             return
         if current.version > 0:
-            load_s = await load_adapter(self.server_url, current.model, current.adapter_path)
+            load_s = await self._load(current)
             client.model = current.model
             self.emit("adapter", f"resumed policy v{current.version} ({current.model}), "
                       f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
@@ -153,7 +156,7 @@ class RLHook:
         self.db.add(step)
         client.model = name
         if self.serve == "hot_load" and current.version > 0:  # the old adapter is never asked for again
-            await unload_adapter(self.server_url, current.model)
+            await self._unload(current.model)
         guard = f", guard: {step.guard['why']}" if step.guard else ""
         served = "merged and restarted in" if self.serve == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
@@ -170,8 +173,33 @@ class RLHook:
         if self.serve == "merge":
             await self._serve(PolicyVersion(version=0, model="base"))
             if current.version > 0:
-                await load_adapter(self.server_url, current.model, current.adapter_path)
-        return await load_adapter(self.server_url, new.model, new.adapter_path)
+                await self._load(current)
+        return await self._load(new)
+
+    async def _load(self, version: PolicyVersion) -> float:
+        """Hot-load a version into every endpoint; the slowest load's seconds. A replica that
+        cannot be reached is taken out (evolve/endpoints.py) and given the version on return."""
+        took = []
+        for url in self.server_urls:
+            try:
+                took.append(await load_adapter(url, version.model, version.adapter_path))
+            except httpx.TransportError as exc:
+                if self.unreachable is None:  # one endpoint: the caller's fault handling decides
+                    raise
+                self.unreachable(url, f"could not load {version.model}: {type(exc).__name__}")
+        if not took:
+            raise HookError(f"no policy endpoint could load {version.model} ({version.adapter_path})")
+        return max(took)
+
+    async def _unload(self, name: str) -> None:
+        for url in self.server_urls:
+            await unload_adapter(url, name)
+
+    async def rejoin(self, base_url: str) -> None:
+        """An endpoint back from an outage may have restarted: serve it the current version."""
+        current = self.db.policy_version()
+        if current.version > 0 and self.serve == "hot_load":
+            await load_adapter(base_url.rstrip("/").removesuffix("/v1"), current.model, current.adapter_path)
 
     async def _serve(self, version: PolicyVersion) -> float:
         """Restart the server on `version` merged into the weights (the base for v0), unless it
@@ -196,7 +224,7 @@ class RLHook:
         """The new version must not serve (the guard measured it worse, or the server does not
         reproduce it): the trainer goes back to the state it had before the step, and the hook
         waits for a step's worth of new groups."""
-        await unload_adapter(self.server_url, name)
+        await self._unload(name)
         await asyncio.to_thread(self.trainer.restore, self.saved)
         shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
         shutil.rmtree(self.merged / f"v{step.version}", ignore_errors=True)

@@ -6,13 +6,13 @@ import signal
 from contextlib import ExitStack
 from pathlib import Path
 
-
 from .config import Policy, Problem, load_policy, problem_snapshot, run_problem
 from .controller import Controller
 from .database import ProgramDatabase
 from .evaluator import Evaluator
 from .events import Event, EventLog, print_sink
-from .faults import PolicyLink
+from .endpoints import EndpointPool
+from .faults import DATABASE_AWAY, PolicyLink, wait_for_database
 from .policy import PolicyClient
 
 
@@ -27,7 +27,7 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
     """(base_url, served model name, server): the embedded vLLM started here (restartable), or
     the YAML's endpoint (server None: an outage is waited out)."""
     if not policy.server.embedded:
-        return policy.server.base_url, policy.model, None
+        return policy.server.endpoints()[0], policy.model, None
     from .models import policy_model_path
     from .server import VLLMServer
 
@@ -40,7 +40,10 @@ def start_policy_server(policy: Policy, run_dir: Path, seed: int, stack: ExitSta
 
 def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple | None = None) -> str:
     """One run to its budget (or an interrupt, or a fault); `server` = start_policy_server's
-    answer for a running policy server to share (`evolve suite`), instead of starting one."""
+    answer for a running policy server to share (`evolve suite`), instead of starting one.
+
+    A database server that goes away stops the session; once it answers again the run resumes
+    here, as `evolve resume` would (the policy server keeps running)."""
     problem = run_problem(spec)
     policy = load_policy(spec["policy"])
     budget = problem.budget.model_copy(update=spec.get("budget", {}))
@@ -51,30 +54,55 @@ def run_search(run_dir: Path, spec: dict, dashboard: bool = False, server: tuple
             sink = stack.enter_context(LiveDashboard(run_dir, spec))
         report = stack.enter_context(EventLog(run_dir, sink))
         db = open_database(spec, problem, policy, run_dir)
-        stack.callback(db.close)
+        stack.callback(lambda: db.close())  # whichever database the last session opened
         report(Event("run", f"run {run_dir} | problem {problem.name} | policy {policy.name} "
                      f"({policy.model}) | seed {spec['seed']} | budget {budget.max_evaluations} "
                      "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
                                      "policy": policy.name, "seed": spec["seed"],
                                      "budget": budget.max_evaluations}))
-        client = hook = None
+        endpoint = None
         if problem.search.llm:  # a tuning-only search needs no policy server
-            base_url, model, vllm = server or start_policy_server(policy, run_dir, spec["seed"], stack)
-            client = PolicyLink(PolicyClient(policy, base_url, model), report, vllm)
+            endpoint = server or start_policy_server(policy, run_dir, spec["seed"], stack)
+        while True:
+            reason = _session(run_dir, problem, policy, budget, spec["seed"], db, report, endpoint,
+                              shared=server is not None)
+            if not reason.startswith(DATABASE_AWAY):
+                return reason
+            db.close()
+            if not wait_for_database(spec["db_url"], report):
+                return reason
+            report(Event("resume", "resuming the run on the database that is back", {}))
+            db = open_database(spec, problem, policy, run_dir)
+
+
+def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int, db: ProgramDatabase,
+             report, endpoint: tuple | None, shared: bool) -> str:
+    """One session of the run on an open database: the policy client, the RL hook, the
+    sandbox and the controller, to a stop reason."""
+    with ExitStack() as stack:
+        client = hook = None
+        if endpoint is not None:
+            base_url, model, vllm = endpoint
+            urls = [base_url] if policy.server.embedded else policy.server.endpoints()
+            raw = PolicyClient(policy, base_url, model) if len(urls) == 1 else \
+                EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report)
+            client = PolicyLink(raw, report, vllm)
             # a server shared with other runs (`evolve suite`) is never restarted on merged weights
             hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report,
-                                           vllm if server is None else None)
-        evaluator = Evaluator(problem)
+                                           None if shared else vllm, replicas=urls[1:])
+            if hook is not None and isinstance(raw, EndpointPool):  # each endpoint serves each version
+                raw.rejoin, hook.unreachable = hook.rejoin, raw.take_out
+        evaluator = Evaluator(problem, report=report)
         stack.callback(evaluator.sandbox.close)
         warning = getattr(evaluator.sandbox, "warning", "")  # the process backend: not a jail
         report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}" + (f" ({warning})" if warning else ""),
                      {"backend": evaluator.sandbox.backend, "warning": warning}))
-        controller = Controller(problem, policy, db, evaluator, client, budget, spec["seed"], report, hook)
+        controller = Controller(problem, policy, db, evaluator, client, budget, seed, report, hook)
         return asyncio.run(_run(controller, client))
 
 
 def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,
-              report, server=None):
+              report, server=None, replicas: list[str] = ()):
     """The RL hook when the policy trains; None for a frozen mutator."""
     if policy.train is None:
         return None
@@ -86,7 +114,7 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
 
     server_url = base_url.removesuffix("/").removesuffix("/v1")
     return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed(),
-                  server=server)
+                  server=server, replicas=[u.removesuffix("/").removesuffix("/v1") for u in replicas])
 
 
 async def _run(controller: Controller, client: PolicyClient | None) -> str:

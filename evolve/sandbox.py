@@ -92,11 +92,16 @@ class SandboxUnavailable(Exception):
         self.permanent = permanent  # waiting will not help (e.g. the image is not built)
 
 
-def make_sandbox(limits: SandboxLimits):
+def make_sandbox(limits: SandboxLimits, report=None):
     """The backend the limits ask for. Docker never falls back in silence: where it cannot
-    run, the run fails and says how to opt in to the process backend."""
+    run, the run fails and says how to opt in to the process backend. `report` hears what a
+    Ray cluster's nodes do (lost, replaced)."""
     if limits.backend == "process":
         return ProcessSandbox(limits)
+    if limits.backend == "ray":
+        from evolve.ray_sandbox import RaySandbox  # ray is imported only by runs that use it
+
+        return RaySandbox(limits, report)
     from evolve.docker_sandbox import DockerSandbox, DockerUnavailable
 
     try:

@@ -54,9 +54,12 @@ def readonly_engine(url: str) -> Engine:
     """An engine that cannot write: SQLite opened with mode=ro, and none of connect()'s pragmas.
 
     (database.connect() switches a file to WAL, which is a write; a migration would be worse.)
-    Other databases get a plain engine: everything here only ever SELECTs.
+    PostgreSQL sessions are read-only transactions; other databases get a plain engine:
+    everything here only ever SELECTs.
     """
     u = make_url(url)
+    if u.get_backend_name() == "postgresql":
+        return create_engine(url, execution_options={"postgresql_readonly": True}, pool_pre_ping=True)
     if u.get_backend_name() != "sqlite":
         return create_engine(url)
     if not u.database or u.database == ":memory:":

@@ -7,6 +7,7 @@ import pytest
 from evolve.docker_sandbox import docker_unavailable_reason
 
 from engine_proxy import EngineProxy
+from postgres import PostgresServer, Unavailable
 
 # A test job started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
 # ignored, and so would every process the tests start (exec keeps SIG_IGN): the Ctrl-C tests
@@ -20,7 +21,7 @@ def docker_ready():
     reason = docker_unavailable_reason()
     if reason is None:
         return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if _ci():
         pytest.fail(f"CI=true but the Docker sandbox tests cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
 
@@ -36,3 +37,29 @@ def engine_proxy(docker_ready, tmp_path):
     yield proxy
     if proxy.listener.fileno() != -1:
         proxy.stop()
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (tests/postgres.py); skips where none can be
+    started, except in CI."""
+    try:
+        server = PostgresServer().__enter__()
+    except Unavailable as exc:
+        if _ci():
+            pytest.fail(f"CI=true but no PostgreSQL server could be started: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    yield server
+    server.__exit__()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """The archive's URL, once on a SQLite file and once on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'evolve.db'}"
+    return request.getfixturevalue("postgres").new_database()

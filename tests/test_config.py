@@ -62,7 +62,7 @@ def test_missing_file_and_bad_yaml_and_missing_program(tmp_path):
 
 
 def test_policy_errors(tmp_path):
-    with pytest.raises(ConfigError, match=r"field 'server': .*base_url is required"):
+    with pytest.raises(ConfigError, match=r"field 'server': .*base_url \(or base_urls\) is required"):
         load_policy(write(tmp_path, "name: x\nmodel: m\nserver: {embedded: false}\n"))
     with pytest.raises(ConfigError, match=r"field 'model': Field required"):
         load_policy(write(tmp_path, "name: x\n"))

@@ -1,4 +1,5 @@
-"""The program database on real SQLite files: schema, MAP-Elites, sampling, migration, resume."""
+"""The program database on real SQLite files and a real PostgreSQL server: schema, MAP-Elites,
+sampling, migration, resume."""
 from collections import Counter
 
 import numpy as np
@@ -13,8 +14,8 @@ from evolve.schema import Base, Cell, Program
 AXES = [Descriptor(name="a", low=0, high=1, bins=4), Descriptor(name="b", low=0, high=1, bins=4)]
 
 
-def open_db(tmp_path, islands=2, **search):
-    return ProgramDatabase.open(f"sqlite:///{tmp_path / 'evolve.db'}", "test", "p: 1", "q: 2", 0,
+def open_db(url, islands=2, **search):
+    return ProgramDatabase.open(url, "test", "p: 1", "q: 2", 0,
                                 AXES, Search(islands=islands, **search), "toy")
 
 
@@ -24,8 +25,8 @@ def child(island=0, objective=1.0, a=0.1, b=0.1, status="ok", code=None, parent=
                    code=code or f"x = {objective!r}  # {a} {b}\n")
 
 
-def test_migration_creates_schema_matching_models(tmp_path):
-    engine = connect(f"sqlite:///{tmp_path / 'm.db'}")
+def test_migration_creates_schema_matching_models(db_url):
+    engine = connect(db_url)
     migrate(engine)
     tables = set(inspect(engine).get_table_names())
     assert {"runs", "programs", "evaluations", "llm_calls", "completions", "cells", "islands",
@@ -37,7 +38,7 @@ def test_migration_creates_schema_matching_models(tmp_path):
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path):
-    db = open_db(tmp_path)
+    db = open_db(f"sqlite:///{tmp_path / 'evolve.db'}")
     assert db.session.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
@@ -49,8 +50,8 @@ def test_cell_binning_clips_to_edges():
     assert cell_of({"b": 0}, AXES) is None
 
 
-def test_child_replaces_elite_only_when_strictly_better(tmp_path):
-    db = open_db(tmp_path)
+def test_child_replaces_elite_only_when_strictly_better(db_url):
+    db = open_db(db_url)
     first = child(objective=1.0)
     assert db.tell(first)
     assert not db.tell(child(objective=1.0, code="y = 1\n"))  # a tie keeps the incumbent
@@ -62,24 +63,24 @@ def test_child_replaces_elite_only_when_strictly_better(tmp_path):
     assert db.tell(child(objective=0.1, a=0.9))  # an empty cell takes anything valid
 
 
-def test_failures_are_stored_but_never_elites(tmp_path):
-    db = open_db(tmp_path)
+def test_failures_are_stored_but_never_elites(db_url):
+    db = open_db(db_url)
     for status in ("invalid", "error", "timeout", "mutation_failed"):
         assert not db.tell(child(status=status, objective=None, code=None))
     assert db.count() == 4 and db.count("ok") == 0
     assert db.islands[0].elites == {}
 
 
-def test_duplicates_found_after_normalisation(tmp_path):
-    db = open_db(tmp_path)
+def test_duplicates_found_after_normalisation(db_url):
+    db = open_db(db_url)
     original = child(code="x = 1\n\ny = 2\n")
     db.tell(original)
     assert db.find_duplicate("x = 1   \ny = 2\n").id == original.id
     assert db.find_duplicate("x = 2\n") is None
 
 
-def test_sampling_ratios_follow_yaml_and_are_seeded(tmp_path):
-    db = open_db(tmp_path, islands=2, exploit_ratio=0.5, explore_ratio=0.3, migrate_ratio=0.2)
+def test_sampling_ratios_follow_yaml_and_are_seeded(db_url):
+    db = open_db(db_url, islands=2, exploit_ratio=0.5, explore_ratio=0.3, migrate_ratio=0.2)
     for i in range(6):
         db.tell(child(island=0, objective=float(i), a=i / 6, b=0.1))
         db.tell(child(island=1, objective=float(i), a=0.1, b=i / 6))
@@ -96,8 +97,8 @@ def test_sampling_ratios_follow_yaml_and_are_seeded(tmp_path):
     assert again.how == hows[0]  # same seed, same choice
 
 
-def test_inspirations_are_top_and_diverse_without_parent(tmp_path):
-    db = open_db(tmp_path, islands=1, exploit_ratio=1, explore_ratio=0, migrate_ratio=0,
+def test_inspirations_are_top_and_diverse_without_parent(db_url):
+    db = open_db(db_url, islands=1, exploit_ratio=1, explore_ratio=0, migrate_ratio=0,
                  top_inspirations=2, diverse_inspirations=1)
     for i in range(8):
         db.tell(child(objective=float(i), a=i / 8, b=i / 8))
@@ -108,8 +109,8 @@ def test_inspirations_are_top_and_diverse_without_parent(tmp_path):
     assert tops == sorted(tops, reverse=True) and tops[0] >= 6
 
 
-def test_ring_migration_copies_best_to_next_island(tmp_path):
-    db = open_db(tmp_path, islands=3, migration_every=2)
+def test_ring_migration_copies_best_to_next_island(db_url):
+    db = open_db(db_url, islands=3, migration_every=2)
     best = child(island=1, objective=9.0)
     db.tell(best)
     assert db.advance(1) is None
@@ -120,15 +121,15 @@ def test_ring_migration_copies_best_to_next_island(tmp_path):
     assert db.evaluations_done() == 1  # a migrant is not an evaluation
 
 
-def test_resume_rebuilds_the_same_index(tmp_path):
-    db = open_db(tmp_path, islands=2)
+def test_resume_rebuilds_the_same_index(db_url):
+    db = open_db(db_url, islands=2)
     rng = np.random.default_rng(3)
     for i in range(40):
         db.tell(child(island=i % 2, objective=float(rng.random()), a=rng.random(), b=rng.random()))
     db.advance(0)
     before = [(isl.members, isl.elites, isl.top, isl.generation) for isl in db.islands]
     db.close()
-    again = open_db(tmp_path, islands=2)
+    again = open_db(db_url, islands=2)
     assert [(isl.members, isl.elites, isl.top, isl.generation) for isl in again.islands] == before
     assert again.run_id == db.run_id and again.count() == 40
 

@@ -152,3 +152,18 @@ def test_an_external_server_that_goes_away_is_waited_for_and_the_dashboard_says_
     assert down["message"].startswith("policy server unavailable: ") and "nothing is lost" in down["message"], down
     assert kinds(run_dir)[-3:].count("llm_up") <= 1 and "llm_up" in kinds(run_dir)
     check_no_partial_calls(db, 3)
+
+
+def test_several_endpoints_share_the_calls_and_a_dead_one_is_taken_out(tmp_path, external_server, docker_ready):
+    """A policy with two endpoints, one of them a port nobody serves: every call is answered
+    by the live one, the dead one is taken out (said in one line each time) and retried later."""
+    live, dead = f"http://127.0.0.1:{EXTERNAL_PORT}/v1", f"http://127.0.0.1:{EXTERNAL_PORT + 10}/v1"
+    policy = write_policy(tmp_path, embedded=False, base_urls=[dead, live])
+    proc, run_dir, db = start_run(tmp_path, policy, calls=4)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    check_no_partial_calls(db, 4)
+    outs = [e for e in events(run_dir) if e["kind"] == "llm_endpoint"]
+    assert outs and all(e["fields"]["endpoint"] == dead and "taken out" in e["message"] for e in outs), outs
+    assert "1 of 2 in" in outs[0]["message"]
+    assert "llm_down" not in kinds(run_dir)  # the policy was never down: one endpoint served throughout

@@ -81,11 +81,26 @@ def finish(command, timeout: float = 600, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
-def query(db: Path, sql: str, *args) -> list:
+def query(db: Path | str, sql: str, *args) -> list:
+    """Rows of a read-only query on the run's SQLite file, or on a server database's URL."""
+    if isinstance(db, str):
+        return _server_query(db, sql, args)
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
             return conn.execute(sql, args).fetchall()
     except sqlite3.DatabaseError:  # not created yet, or its header half-written
+        return []
+
+
+def _server_query(url: str, sql: str, args) -> list:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    try:
+        with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database) as conn:
+            return [tuple(row) for row in conn.execute(sql.replace("?", "%s"), args).fetchall()]
+    except psycopg.Error:  # the schema is not made yet, or the server is restarting
         return []
 
 
