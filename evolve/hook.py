@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import threading
 import time
@@ -251,10 +252,10 @@ class RLHook:
         gaps = np.abs(np.array(served) - np.array(trained))
         # top_p renormalises the nucleus: a sampled token's served log-prob may exceed the
         # trainer's (which has no top_p) by up to -log(top_p).
-        slack = -np.log(self.policy.sampling.top_p)
+        slack = -math.log(self.policy.sampling.top_p)
         check = {"mean": float(gaps.mean()), "max": float(gaps.max()), "tokens": len(gaps),
                  "tolerance": {k: v + slack for k, v in SERVED_TOLERANCE.items()}}
-        check["ok"] = check["mean"] <= check["tolerance"]["mean"] and check["max"] <= check["tolerance"]["max"]
+        check["ok"] = bool(check["mean"] <= check["tolerance"]["mean"] and check["max"] <= check["tolerance"]["max"])
         check["seconds"] = time.time() - started
         return check
 

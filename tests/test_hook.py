@@ -191,7 +191,8 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     slack = -np.log(hook.policy.sampling.top_p)  # top_p lifts a sampled token's served log-prob
     close = Server([t + slack for t in trained])
     check = await hook._served_check(close, "grpo-v1", group)
-    assert check["ok"] and check["tokens"] == 3 and close.model == "base"  # the client's model is put back
+    assert check["ok"] is True and check["tokens"] == 3 and close.model == "base"  # the client's model is put back
+    json.dumps(check)  # stored as JSON with the step
     assert close.asked == [("grpo-v1", 1, 32)]  # one short answer, from the new version
     assert check["tolerance"]["max"] == pytest.approx(SERVED_TOLERANCE["max"] + slack)
     far = await hook._served_check(Server([-0.5, -1.0, -0.5]), "grpo-v1", group)  # one token 1.5 nats off

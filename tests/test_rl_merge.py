@@ -1,0 +1,62 @@
+"""Merge-and-restart serving (`train.serve: merge`, the CPU default) through the real parts:
+`evolve run` with a GRPO policy on its own embedded vLLM, the real trainer, SQLite.
+
+A module of its own: the run's server and trainer must not share the machine's memory with
+tests/test_rl_run.py's module-wide LoRA server (together they exceed 24 GB).
+"""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from evolve.config import Server
+from evolve.hook import SERVED_TOLERANCE
+from evolve.schema import LLMCall, PolicyVersion, TrainingStep
+from evolve.server import VLLMServer
+from tests.test_rl_run import HUMANEVAL, PORT, grpo_policy, served_vs_trained
+from tests.test_run import MODEL, db_session, evolve
+
+pytestmark = pytest.mark.real
+
+
+def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
+    """`train.serve: merge` (the CPU default): the run's own server restarts on each published
+    version merged into the weights, later calls go to it by name, one merged copy stays on
+    disk, a resume comes back on it, and those weights give the trainer's log-probs."""
+    policy = tmp_path / "merge.yaml"
+    policy.write_text(grpo_policy(tmp_path / "x.yaml", "test-merge", "null").read_text()
+                      .replace(f"port: {PORT}", f"port: {PORT + 1}")
+                      .replace("guard: null}", "guard: null, serve: merge}"))
+    run_dir = tmp_path / "run"
+    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 3,
+                   "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
+    assert first.returncode == 0, first.stdout + first.stderr
+    with db_session(run_dir) as s:
+        versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
+        calls = s.scalars(select(LLMCall).order_by(LLMCall.id)).all()
+        checks = [st.served_check for st in s.scalars(select(TrainingStep)) if st.published]
+    assert checks and all(c["ok"] and c["tokens"] > 0 for c in checks), checks  # the merged weights, at run time
+    latest = versions[-1]
+    assert latest.version >= 1, first.stdout  # HumanEval/0 gives the 0.5B model a signal
+    assert "merged and restarted in" in first.stdout
+    model_of = {v.version: v.model for v in versions} | {0: MODEL}
+    assert all(c.model == model_of[c.policy_version] for c in calls)
+    assert [p.name for p in (run_dir / "merged").iterdir()] == [f"v{latest.version}"]
+    log = (run_dir / "vllm.log").read_text()
+    assert f"serving {latest.model} from {run_dir / 'merged' / f'v{latest.version}'}" in log
+
+    second = evolve("resume", run_dir, "--max-llm-calls", 4)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"resumed policy v{latest.version} ({latest.model}), served merged" in second.stdout
+    with db_session(run_dir) as s:
+        call = s.scalars(select(LLMCall).order_by(LLMCall.id.desc())).first()
+        assert call.policy_version >= latest.version and call.error is None and call.model.startswith("test-merge-v")
+
+    # The merged weights serve what the trainer trained (base + adapter, from disk).
+    with db_session(run_dir) as s:
+        latest = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version.desc())).first()
+    weights = run_dir / "merged" / f"v{latest.version}"
+    settings = Server(port=PORT + 2, max_model_len=8192, extra_args=["--enforce-eager"])
+    with VLLMServer(weights, latest.model, settings, tmp_path / "merged.log") as merged:
+        gap = served_vs_trained(merged, latest)
+    assert gap["mean"] < SERVED_TOLERANCE["mean"] and gap["max"] < SERVED_TOLERANCE["max"], gap
