@@ -1,7 +1,8 @@
 """Evaluations on a real local Ray cluster (Ray's own test-cluster helper: a head and a second
 node, each its own raylet on this machine), each node's evaluator with the real Docker sandbox:
-slots per node, a worker killed mid-evaluation, a node removed, and `evolve run` on it
-(the scripted LLM of tests/test_reliability.py) killed, resumed on fewer nodes."""
+slots per node, a worker killed mid-evaluation, a node removed, and `evolve run` on it with
+the archive on a real PostgreSQL server (the scripted LLM of tests/test_reliability.py),
+killed with -9, resumed on fewer nodes."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from ray.cluster_utils import Cluster
 
 from evolve.config import SandboxLimits
 from evolve.ray_sandbox import RaySandbox
-from test_reliability import check_consistent, done, events, finish, setup_run, start, wait_for
+from test_reliability import archive, check_consistent, done, events, finish, setup_run, start, wait_for
 
 pytestmark = pytest.mark.usefixtures("docker_ready")
 SLOW = "import time\ndef f(x):\n    time.sleep(x)\n    return x\n"
@@ -78,18 +79,23 @@ def test_every_node_evaluates_and_a_lost_worker_faults_only_its_candidate(cluste
         sandbox.close()
 
 
-def ray_run(tmp_path, cluster, budget: int):
-    command, run_dir, db = setup_run(tmp_path, budget)
+def ray_run(tmp_path, cluster, budget: int, db_url: str):
+    command, run_dir, _ = setup_run(tmp_path, budget)
     problem = command[command.index("run") + 1]
     data = yaml.safe_load(open(problem))
     data["sandbox"].update(backend="ray", timeout_s=10, ray={"address": cluster.address})
     with open(problem, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False)
-    return command, run_dir, db
+    return command + ["--db-url", db_url], run_dir
 
 
-def test_a_run_on_ray_survives_a_lost_worker_and_resumes_on_one_node(tmp_path, cluster):
-    command, run_dir, db = ray_run(tmp_path, cluster, budget=30)
+def test_a_run_on_ray_and_postgresql_survives_a_lost_worker_and_kill_9_and_resumes_on_one_node(
+        tmp_path, cluster, postgres):
+    """The scale-out as a user runs it: the archive on PostgreSQL, candidates on a two-node Ray
+    cluster. A worker killed mid-run costs nothing; the engine killed with -9 loses nothing;
+    the resume goes on with the one node the cluster has left."""
+    db = postgres.new_database()
+    command, run_dir = ray_run(tmp_path, cluster, budget=30, db_url=db)
     proc = start(command, SCRIPTED_DELAY="0.2")
     wait_for(lambda: done(db) >= 5, proc, timeout=180, what="5 evaluations on Ray")
     os.kill(evaluator_pids()[0], signal.SIGKILL)  # mid-run: an evaluation in flight is lost with it
@@ -100,13 +106,21 @@ def test_a_run_on_ray_survives_a_lost_worker_and_resumes_on_one_node(tmp_path, c
     check_consistent(db)  # nothing evaluated twice, nothing lost
     assert done(db) == 30
 
-    # The same run resumed on a cluster with one node left: it goes on with what there is.
+    more = command + ["--max-evaluations", "60"]
+    proc = start(more, SCRIPTED_DELAY="0.2")
+    wait_for(lambda: done(db) >= 35, proc, timeout=180, what="5 more evaluations")
+    proc.kill()  # the engine itself, with -9: its writer lock goes with its connection
+    proc.wait()
+    check_consistent(db)
+    kept = archive(db)
+
+    # Resumed on a cluster with one node left: it goes on with what there is.
     node = next(n for n in cluster.list_all_nodes() if n is not cluster.head_node)
     cluster.remove_node(node)
-    more = command + ["--max-evaluations", "40"]
     resumed = finish(more, timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "sandbox: ray (1 slots on 1 node, docker on each)" in resumed.stdout, resumed.stdout
     check_consistent(db)
-    assert done(db) == 40
+    assert all(archive(db).get(pid) == row for pid, row in kept.items())
+    assert done(db) == 60
     assert [e for e in events(run_dir) if e["kind"] == "resume"]
