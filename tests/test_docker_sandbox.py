@@ -529,7 +529,7 @@ def test_without_docker_there_is_no_silent_fallback(monkeypatch, capsys):
     with pytest.raises(DockerUnavailable, match="no Docker engine reachable.*set sandbox.backend: process"):
         make_sandbox(SandboxLimits())
     assert capsys.readouterr().err == ""
-    with pytest.raises(ValueError, match="'docker' or 'process'"):
+    with pytest.raises(ValueError, match="'docker', 'process' or 'ray'"):
         SandboxLimits(backend="auto")  # it used to fall back in silence: gone
 
 
