@@ -13,7 +13,7 @@ from evolve.config import Server
 from evolve.hook import SERVED_TOLERANCE
 from evolve.schema import LLMCall, PolicyVersion, TrainingStep
 from evolve.server import VLLMServer
-from tests.test_rl_run import HUMANEVAL, PORT, grpo_policy, served_vs_trained
+from tests.test_rl_run import PORT, grpo_policy, run_humaneval, served_vs_trained
 from tests.test_run import MODEL, db_session, evolve
 
 pytestmark = pytest.mark.real
@@ -28,8 +28,7 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
                       .replace(f"port: {PORT}", f"port: {PORT + 1}")
                       .replace("guard: null}", "guard: null, serve: merge}"))
     run_dir = tmp_path / "run"
-    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 3,
-                   "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
+    first = run_humaneval(policy, run_dir, 3)
     assert first.returncode == 0, first.stdout + first.stderr
     with db_session(run_dir) as s:
         versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()

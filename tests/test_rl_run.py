@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -47,6 +49,20 @@ train: {{algorithm: grpo, train_every_answers: 1, lr: 1.0e-4, minibatches: 1, mi
     return path
 
 
+HUMANEVAL_ARGS = ["--set", "task=HumanEval/0", "--set", "budget.target_objective=null"]
+
+
+def run_humaneval(policy, run_dir, calls: int, script=None) -> subprocess.CompletedProcess:
+    """`evolve run` on HumanEval/0 (the 0.5B model solves it in some answers and not in others:
+    a reward signal), or the same through a script that patches the trainer first."""
+    if script is None:
+        return evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", calls,
+                      *HUMANEVAL_ARGS)
+    return subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
+                           "--run-dir", str(run_dir), "--max-llm-calls", str(calls), "--no-dashboard",
+                           *HUMANEVAL_ARGS], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+
+
 @pytest.fixture
 def policy(tmp_path):
     # no guard here: this test is about the plumbing of every step (the guard has its own test)
@@ -85,8 +101,7 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
     run_dir = tmp_path / "run"
     # A HumanEval task the 0.5B model solves in some answers and not in others: a reward signal
     # (on circle packing its answers now mostly fail or repeat the parent, and those earn nothing).
-    first = evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 4,
-                   "--set", "task=HumanEval/0", "--set", "budget.target_objective=null")
+    first = run_humaneval(policy, run_dir, 4)
     assert first.returncode == 0, first.stdout + first.stderr
     with db_session(run_dir) as s:
         steps = s.scalars(select(TrainingStep).order_by(TrainingStep.version)).all()
@@ -160,17 +175,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
-    import subprocess
-    import sys
-
     policy = grpo_policy(tmp_path / "guarded.yaml", "test-guarded", "{parents: 2, answers: 8, margin: 0.05}")
     script = tmp_path / "broken_evolve.py"
     script.write_text(BROKEN_TRAINER)
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
-                           "--run-dir", str(run_dir), "--max-llm-calls", "3", "--no-dashboard",
-                           "--set", "task=HumanEval/0", "--set", "budget.target_objective=null"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    done = run_humaneval(policy, run_dir, 3, script)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with db_session(run_dir) as s:
         steps = s.scalars(select(TrainingStep)).all()
@@ -208,17 +217,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_server_that_does_not_serve_the_trained_adapter_is_caught_on_its_first_call(server, tmp_path):
-    import subprocess
-    import sys
-
     policy = grpo_policy(tmp_path / "unguarded.yaml", "test-skewed", "null")  # the check, not the guard
     script = tmp_path / "skewed_evolve.py"
     script.write_text(SKEWED_TRAINER)
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
-                           "--run-dir", str(run_dir), "--max-llm-calls", "3", "--no-dashboard",
-                           "--set", "task=HumanEval/0", "--set", "budget.target_objective=null"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    done = run_humaneval(policy, run_dir, 3, script)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with db_session(run_dir) as s:
         checked = [st for st in s.scalars(select(TrainingStep)) if st.served_check]
