@@ -76,7 +76,12 @@ class RaySandbox:
             from .sandbox import SandboxUnavailable
             raise SandboxUnavailable(f"no Ray node ({limits.ray.address or 'local'}) could start an evaluator: "
                                      + "; ".join(self.refused.values()))
-        self.capacity = sum(w.slots for w in self.workers.values())  # the engine's evaluations in flight
+        self.capacity = self.slots  # at start: the engine's evaluations in flight
+
+    @property
+    def slots(self) -> int:
+        """Candidates the live evaluators take at once now."""
+        return sum(w.slots for w in self.workers.values())
 
     @property
     def warning(self) -> str:
@@ -111,18 +116,18 @@ class RaySandbox:
         if self.workers.get(worker.node) is not worker:
             return  # already counted by another of its candidates
         del self.workers[worker.node]
-        left = sum(w.slots for w in self.workers.values())
+        left = self.slots
         self._say(f"ray: the evaluator on node {worker.node[:8]} was lost ({_short(exc)}); its candidates "
                   f"are evaluated again; {left} slots on {len(self.workers)} nodes go on")
 
     def _say(self, message: str) -> None:
-        self.report(Event("sandbox", message, {"backend": "ray", "slots": sum(w.slots for w in self.workers.values())}))
+        self.report(Event("sandbox", message, {"backend": "ray", "slots": self.slots}))
 
     async def _take(self) -> Worker | None:
         """The least busy worker with a free slot, waiting for one; None when no node is left."""
         while True:
             if time.monotonic() - self.looked_at > REDISCOVER_S and (
-                    not self.workers or sum(w.slots for w in self.workers.values()) < self.capacity):
+                    not self.workers or self.slots < self.capacity):
                 await asyncio.to_thread(self._discover)
             free = [w for w in self.workers.values() if w.busy < w.slots]
             if free:
@@ -171,5 +176,6 @@ class RaySandbox:
 
 
 def _short(exc: BaseException) -> str:
+    """Ray's errors end with the cause (faults._short keeps a first line, here a traceback header)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
