@@ -1,12 +1,12 @@
 """Alembic environment for the program database.
 
-The engine calls `evolve.database.migrate(url)`, which hands its connection in through
+The engine calls `evolve.store.database.migrate(url)`, which hands its connection in through
 `config.attributes["connection"]`; the `alembic` CLI (db/alembic.ini) works too.
 """
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from evolve.schema import Base
+from evolve.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

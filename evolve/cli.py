@@ -3,24 +3,21 @@ suite, sandbox."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from .config import ConfigError, load_policy, load_problem, run_problem
+from evolve.config import ConfigError, load_policy, load_problem, run_problem
+from evolve.rundir import FINISHED, RunDir, RunDirError, Stop
 
-PROJECT = Path(__file__).resolve().parent.parent
-DEFAULT_POLICY = PROJECT / "policies" / "frozen.yaml"
-RUN_FILE = "run.json"
+# policies/ at the top of the repository, shipped as package data through this link
+DEFAULT_POLICY = Path(__file__).resolve().parent / "policies" / "frozen.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from .database import RunInUse, SchemaError
-    from .faults import FAULT_EXIT, SandboxFault, fault_of
+    from evolve.faults import FAULT_EXIT, SandboxFault, fault_of
+    from evolve.store.database import RunInUse, SchemaError
     try:
         return args.func(args) or 0
     except (ConfigError, RunDirError, SchemaError, RunInUse) as exc:
@@ -36,12 +33,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sandbox_down(exc: Exception) -> bool:
-    from .sandbox import SandboxUnavailable
+    from evolve.sandbox.result import SandboxUnavailable
     return isinstance(exc, SandboxUnavailable)
-
-
-class RunDirError(Exception):
-    pass
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,21 +140,21 @@ def _dashboard_arg(p: argparse.ArgumentParser) -> None:
 
 # ---- run / resume ----------------------------------------------------------------------------
 def cmd_run(args) -> int:
-    if args.run_dir and (args.run_dir / RUN_FILE).exists():
+    if args.run_dir and RunDir(args.run_dir).exists():
         print(f"{args.run_dir} exists: resuming it")
         return cmd_resume(args)
     problem = load_problem(args.problem, args.set)
     check_policy(args.policy)  # fail before creating anything
     check_seed(problem)
     run_dir = args.run_dir or Path("runs") / f"{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    new_run(run_dir, args.problem, args.set or [], args.policy,
-            problem.seed if args.seed is None else args.seed, args.db_url)
+    RunDir.create(run_dir, args.problem, args.set or [], args.policy,
+                  problem.seed if args.seed is None else args.seed, args.db_url)
     return _launch(run_dir, args)
 
 
 def check_policy(path: Path) -> None:
     """The policy file validates and, when the engine serves it, names a model that exists."""
-    from .models import policy_model_path
+    from evolve.serving.models import policy_model_path
 
     policy = load_policy(path)
     if policy.server.embedded:
@@ -170,123 +163,56 @@ def check_policy(path: Path) -> None:
 
 def check_seed(problem) -> None:
     """A seed that fails its own scorer is a bad problem file: say so before making a run."""
-    from .check import evaluate_seed
-    from .controller import SeedError, seed_failure
+    from evolve.judge.check import evaluate_seed
+    from evolve.search.controller import SeedError, seed_failure
 
     result, _ = evaluate_seed(problem)
     if result.status != "ok":
         raise SeedError(seed_failure(problem, result))
 
 
-def new_run(run_dir: Path, problem: Path, sets: list[str], policy: Path, seed: int,
-            db_url: str | None = None, budget: dict | None = None) -> dict:
-    """Create a run directory's run.json: what `evolve resume` needs to go on."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"problem": str(Path(problem).resolve()), "set": list(sets), "policy": str(Path(policy).resolve()),
-            "seed": seed,
-            # None: evolve.db inside the run directory, wherever it is moved or copied to
-            "db_url": db_url, "run_name": run_name(run_dir, db_url), "budget": dict(budget or {})}
-    _write_spec(run_dir, spec)
-    return spec
-
-
-def run_name(run_dir: Path, db_url: str | None) -> str:
-    """The run's name in its database: the directory's own database holds one run; a shared
-    one (--db-url) holds many, so the name gets a random suffix (two `runs/x/run` must differ)."""
-    name = run_dir.resolve().name
-    return name if db_url is None else f"{name}-{uuid.uuid4().hex[:8]}"
-
-
 def cmd_resume(args) -> int:
     return _launch(args.run_dir, args)
 
 
-def _write_spec(run_dir: Path, spec: dict) -> None:
-    """Atomically: `evolve compare` and the dashboard read it while a run is going."""
-    tmp = run_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(spec, indent=2) + "\n")
-    tmp.replace(run_dir / RUN_FILE)
-
-
-def update_budget(run_dir: Path, budget: dict) -> dict:
-    """Budget overrides (None: unchanged) are remembered: a later resume keeps a raised budget."""
-    stored = json.loads((run_dir / RUN_FILE).read_text())
-    changes = {k: v for k, v in budget.items() if v is not None and stored["budget"].get(k) != v}
-    if changes:
-        stored["budget"].update(changes)
-        _write_spec(run_dir, stored)
-    return read_spec(run_dir)
-
-
-def read_spec(run_dir: Path) -> dict:
-    path = run_dir / RUN_FILE
-    if not path.exists():
-        raise RunDirError(f"{run_dir}: not a run directory (no {RUN_FILE})")
-    spec = json.loads(path.read_text())
-    spec["db_url"] = spec.get("db_url") or f"sqlite:///{(run_dir / 'evolve.db').resolve()}"
-    spec.setdefault("run_name", Path(run_dir).resolve().name)
-    return spec
-
-
 def _launch(run_dir: Path, args) -> int:
     """Open everything a run needs, run the controller, and always clean up."""
-    from .database import refuse_newer_schema  # heavy imports only for commands that need them
-    from .snapshot import database_url
+    from evolve.store.database import (
+        refuse_newer_schema,  # heavy imports only for commands that need them
+    )
 
-    stored = read_spec(run_dir)  # a bad policy or a newer database changes nothing, not even run.json
+    run = RunDir(run_dir)
+    stored = run.spec()  # a bad policy or a newer database changes nothing, not even run.json
     check_policy(stored["policy"])
-    refuse_newer_schema(database_url(run_dir, stored))
-    with hold_run_lock(run_dir):
+    refuse_newer_schema(stored["db_url"])
+    with run.lock():
         reason = _run_locked(run_dir, args)
     print(f"stopped: {reason}. Inspect with `evolve status {run_dir}`; continue with `evolve resume {run_dir}`")
-    from .controller import FINISHED
-    from .faults import FAULT_EXIT
-    if reason == "interrupted":
+    from evolve.faults import FAULT_EXIT
+    if reason == Stop.INTERRUPTED:
         return 130
     return 0 if reason in FINISHED else FAULT_EXIT
 
 
 def _run_locked(run_dir: Path, args) -> str:
-    from .dashboard import wants_dashboard
-    from .runner import run_search, terminate_as_interrupt
+    from evolve.run import run_search, terminate_as_interrupt
+    from evolve.views.dashboard import LiveDashboard, wants_dashboard
 
-    spec = update_budget(run_dir, {"max_evaluations": args.max_evaluations,
-                                   "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
+    spec = RunDir(run_dir).update_budget({"max_evaluations": args.max_evaluations,
+                                          "max_llm_calls": args.max_llm_calls, "wall_time_s": args.wall_time})
     terminate_as_interrupt()
     try:
-        return run_search(run_dir, spec, dashboard=wants_dashboard(args.no_dashboard))
+        return run_search(run_dir, spec, LiveDashboard if wants_dashboard(args.no_dashboard) else None)
     except KeyboardInterrupt:  # before the controller took over, e.g. while the policy server starts
-        return "interrupted"
-
-
-def hold_run_lock(run_dir: Path):
-    """One process at a time per run directory: two writers would interleave their searches.
-    The kernel drops the lock (the open file, closed by `with`) when the process dies, however."""
-    import fcntl
-
-    lock = open(run_dir / "run.lock", "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        owner = lock.read().strip() or "another process"
-        lock.close()
-        raise RunDirError(f"{run_dir} is already being run by {owner}; "
-                          f"watch it with `evolve dashboard {run_dir}`") from None
-    try:  # who holds it, for the message above; on a full disk it stays unsaid
-        os.ftruncate(lock.fileno(), 0)
-        os.pwrite(lock.fileno(), f"pid {os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass
-    return lock
+        return Stop.INTERRUPTED
 
 
 def cmd_train(args) -> int:
-    from .events import Event, print_sink
-    from .hook import train_offline
-    from .runner import open_database
+    from evolve.events import Event, print_sink
+    from evolve.rl.hook import train_offline
+    from evolve.run import open_database
 
-    spec = read_spec(args.run_dir)
+    spec = RunDir(args.run_dir).spec()
     problem, policy = run_problem(spec), load_policy(args.policy)
     if policy.train is None:
         raise ConfigError(f"{args.policy}: field 'train': required by `evolve train` (this policy is frozen)")
@@ -303,7 +229,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .check import check
+    from evolve.judge.check import check
     return check(load_problem(args.problem, args.set), args.backend)
 
 
@@ -311,7 +237,7 @@ def cmd_check(args) -> int:
 def _inspection(command):
     """An inspection that cannot be done is one line on stderr and exit status 1."""
     def run(args) -> int:
-        from .snapshot import InspectError
+        from evolve.rundir import InspectError
         try:
             return command(args)
         except InspectError as exc:
@@ -322,32 +248,32 @@ def _inspection(command):
 
 @_inspection
 def cmd_status(args) -> int:
-    from .report import print_status
-    return print_status(args.run_dir, read_spec(args.run_dir))
+    from evolve.views.report import print_status
+    return print_status(args.run_dir, RunDir(args.run_dir).spec())
 
 
 @_inspection
 def cmd_best(args) -> int:
-    from .report import print_best
-    return print_best(args.run_dir, read_spec(args.run_dir), args.code)
+    from evolve.views.report import print_best
+    return print_best(args.run_dir, RunDir(args.run_dir).spec(), args.code)
 
 
 @_inspection
 def cmd_show(args) -> int:
-    from .report import print_show
-    return print_show(args.run_dir, read_spec(args.run_dir), args.program_id)
+    from evolve.views.report import print_show
+    return print_show(args.run_dir, RunDir(args.run_dir).spec(), args.program_id)
 
 
 @_inspection
 def cmd_dashboard(args) -> int:
-    from .dashboard import attach
-    return attach(args.run_dir, read_spec(args.run_dir), once=args.once, refresh=args.refresh)
+    from evolve.views.dashboard import attach
+    return attach(args.run_dir, RunDir(args.run_dir).spec(), once=args.once, refresh=args.refresh)
 
 
 @_inspection
 def cmd_export(args) -> int:
-    from .export import export
-    return export(args.run_dir, read_spec(args.run_dir), args.out or args.run_dir / "export")
+    from evolve.views.export import export
+    return export(args.run_dir, RunDir(args.run_dir).spec(), args.out or args.run_dir / "export")
 
 
 # ---- compare ---------------------------------------------------------------------------------
@@ -381,23 +307,25 @@ def _compare_parser(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    from .compare import main as compare_main
-    return compare_main(args)
+    from evolve.compare.plan import main as compare_main
+    from evolve.views.compare import ComparisonView
+    from evolve.views.dashboard import wants_dashboard
+    return compare_main(args, ComparisonView if wants_dashboard(args.no_dashboard) else None)
 
 
 def cmd_suite(args) -> int:
-    from .suite import main as suite_main
+    from evolve.suite import main as suite_main
     return suite_main(args)
 
 
 # ---- sandbox ---------------------------------------------------------------------------------
 def cmd_sandbox_build(args) -> int:
-    from .docker_sandbox import build
+    from evolve.sandbox.docker import build
     return build(dockerfile=args.dockerfile, mirror=args.mirror, force=args.force)
 
 
 def cmd_sandbox_check(args) -> int:
-    from .docker_sandbox import check
+    from evolve.sandbox.docker import check
     return check()
 
 

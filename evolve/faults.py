@@ -1,4 +1,5 @@
-"""What a run does when a part it depends on fails: the policy server, the sandbox, the disk.
+"""What a run does when a part it depends on fails: the policy server, the sandbox, the disk,
+the database. (The policy server's own retries and restarts: evolve/serving/link.py.)
 
 - A failure of our own machinery is never blamed on a candidate nor stored as a rollout: the
   request or the evaluation is made again once the part is back.
@@ -10,25 +11,17 @@
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import time
 from typing import Callable
 
-import openai
-
-from .events import PARTS, Event
+from evolve.events import PARTS, Event
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_CAP_S = 60.0
-RESTART_AFTER = 2  # failed attempts in a row before an embedded server that still runs is restarted
-MAX_RESTARTS = 3  # restarts in one outage before the run gives up on the policy server
-# Failures worth waiting out: the server is away, overloaded or restarting. Anything else
-# (e.g. 400, a prompt the server rejects) is recorded as a failed call and the search goes on.
-TRANSIENT = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 FAULT_EXIT = 75  # EX_TEMPFAIL: stopped by a fault; `evolve resume` once it is fixed
 # A server database that went away (restarted, network) is waited for, up to this long; the
-# run then resumes in the same process (evolve/runner.py).
+# run then resumes in the same process (evolve/run.py).
 DATABASE_AWAY = "the database server went away"
 DATABASE_WAIT_S = 600.0
 
@@ -139,82 +132,6 @@ class Outage:
     def _emit(self, what: str, message: str, **fields) -> None:
         self.report(Event(f"{self.part}_{what}", message,
                           {"attempt": self.attempts, "retry_in_s": backoff(self.attempts), **fields}))
-
-
-class PolicyLink:
-    """The policy client, made patient: a request is repeated until the server answers it.
-
-    Transient failures (refused, reset, timed out, 5xx) are retried with backoff, with the
-    same messages and seed, so no half-answered group is ever stored. The embedded server
-    (`server`) is restarted when its process died or it keeps failing (a hung server times
-    out); an external one is waited for. After a restart the run's adapter is loaded again.
-    """
-
-    def __init__(self, client, report: Callable[[Event], None], server=None):
-        self.client, self.server, self.report = client, server, report
-        self.hook = None  # the RL hook, set by the runner: it reloads the adapter after a restart
-        self.outage = Outage("llm", report)
-        self.restarts = 0  # in the current outage
-        self.epoch = 0  # counts restarts, so concurrent callers restart once per failure
-        self.lock = asyncio.Lock()
-
-    @property
-    def model(self) -> str:
-        return self.client.model
-
-    @model.setter
-    def model(self, name: str) -> None:
-        self.client.model = name
-
-    async def sample(self, messages, n: int, seed: int | None = None, max_tokens: int | None = None):
-        short = {"max_tokens": max_tokens} if max_tokens else {}  # only the RL hook's probe asks
-        while True:
-            epoch = self.epoch
-            try:
-                sample = await self.client.sample(messages, n, seed=seed, **short)
-            except TRANSIENT as exc:
-                delay = self.outage.failed(_short(exc))
-                if await self._repair(epoch, exc):
-                    continue  # a fresh server: no reason to wait
-                await asyncio.sleep(delay)
-                continue
-            self.outage.recovered()
-            self.restarts = 0
-            return sample
-
-    async def _repair(self, epoch: int, exc: Exception) -> bool:
-        """Restart the embedded server if it is dead or stuck; True if it was restarted."""
-        if self.server is None or self.server.reused:  # not ours (external, or another run's): wait
-            return False
-        async with self.lock:
-            if self.epoch != epoch:  # another caller restarted it meanwhile
-                return True
-            dead = not self.server.running()
-            if not dead and self.outage.attempts < RESTART_AFTER:
-                return False
-            if self.restarts >= MAX_RESTARTS:
-                raise Fault(f"the policy server failed {self.restarts} restarts ({_short(exc)}); "
-                            f"see {self.server.log_path}")
-            self.restarts += 1
-            why = "its process exited" if dead else f"{self.outage.attempts} failed attempts"
-            self.report(Event("llm_restart", f"restarting the policy server ({why})",
-                              {"restart": self.restarts}))
-            started = time.time()
-            try:
-                await asyncio.to_thread(self.server.restart)
-            except Exception as failure:  # noqa: BLE001 - ServerError or a port still held
-                self.report(Event("llm_restart", f"policy server restart failed: {_short(failure)}",
-                                  {"restart": self.restarts}))
-                return False
-            self.epoch += 1
-            self.report(Event("llm_restart", f"policy server restarted in {time.time() - started:.0f} s",
-                              {"restart": self.restarts, "took_s": round(time.time() - started, 1)}))
-            if self.hook is not None:
-                await self.hook.resume(self)
-            return True
-
-    async def close(self) -> None:
-        await self.client.close()
 
 
 def _short(exc: BaseException) -> str:

@@ -27,11 +27,11 @@ from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from .config import ConfigError, Strict, load_policy, load_problem, load_yaml
-from .faults import FAULT_EXIT
-from .snapshot import RunReader
+from evolve.config import ConfigError, Strict, load_policy, load_problem, load_yaml
+from evolve.faults import FAULT_EXIT
+from evolve.rundir import DB_FILE, DONE, FINISHED, RunDir, Stop
+from evolve.views.snapshot import RunReader
 
-DONE = ("budget reached", "llm call budget reached", "target reached")
 SUITE_FILE = "suite-plan.json"
 
 
@@ -52,9 +52,8 @@ class Suite(Strict):
 
 
 def main(args) -> int:
-    from .cli import new_run, update_budget
-    from .controller import FINISHED
-    from .runner import run_search, start_policy_server
+    from evolve.run import run_search
+    from evolve.serving.server import start_policy_server
 
     suite = load_yaml(args.suite, Suite)
     policy_path = args.policy
@@ -74,14 +73,15 @@ def main(args) -> int:
             server = start_policy_server(load_policy(policy_path), out, suite.seed, stack)
             for value in todo:
                 run_dir = _run_dir(out, value)
-                if not (run_dir / "run.json").exists():
-                    new_run(run_dir, suite.problem_path(), suite.sets(value), policy_path, suite.seed)
-                spec = update_budget(run_dir, {"max_evaluations": budget})
+                run = RunDir(run_dir)
+                if not run.exists():
+                    run = RunDir.create(run_dir, suite.problem_path(), suite.sets(value), policy_path, suite.seed)
+                spec = run.update_budget({"max_evaluations": budget})
                 console.print(f"[bold]{value}[/]: {problems[value].name} -> {run_dir}")
                 try:
-                    reason = run_search(run_dir, spec, dashboard=False, server=server)
+                    reason = run_search(run_dir, spec, server=server)
                 except KeyboardInterrupt:
-                    reason = "interrupted"
+                    reason = Stop.INTERRUPTED
                 if reason not in FINISHED:  # interrupted, or a fault: the rest waits for a resume
                     interrupted = reason
                     break
@@ -90,7 +90,7 @@ def main(args) -> int:
     console.print(_table(suite, budget, rows))
     if interrupted:
         console.print(f"stopped: {interrupted}; continue with the same command (--out {out})")
-        return 130 if interrupted == "interrupted" else FAULT_EXIT
+        return 130 if interrupted == Stop.INTERRUPTED else FAULT_EXIT
     return 0
 
 
@@ -111,13 +111,12 @@ def _check_plan(out: Path, plan: dict) -> None:
 
 
 def _snapshot(run_dir: Path):
-    from .cli import read_spec
-
-    if not (run_dir / "run.json").exists():
+    run = RunDir(run_dir)
+    if not run.exists():
         return None
-    reader = RunReader(run_dir, read_spec(run_dir))
+    reader = RunReader(run_dir, run.spec())
     try:
-        return reader.snapshot() if (run_dir / "evolve.db").exists() else None
+        return reader.snapshot() if (run_dir / DB_FILE).exists() else None
     finally:
         reader.close()
 
@@ -127,7 +126,7 @@ def _finished(run_dir: Path, budget: int) -> bool:
     if snap is None or not snap.state.startswith("stopped: "):
         return False
     reason = snap.state.removeprefix("stopped: ")
-    return reason == "target reached" or (reason in DONE and snap.budget >= budget)
+    return reason == Stop.TARGET or (reason in DONE and snap.budget >= budget)
 
 
 def _result(out: Path, value, problem, budget: int) -> dict:

@@ -3,11 +3,10 @@ import os
 import signal
 
 import pytest
-
-from evolve.docker_sandbox import docker_unavailable_reason
-
 from engine_proxy import EngineProxy
 from postgres import PostgresServer, Unavailable
+
+from evolve.sandbox.docker import docker_unavailable_reason
 
 # A test job started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
 # ignored, and so would every process the tests start (exec keeps SIG_IGN): the Ctrl-C tests

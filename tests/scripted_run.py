@@ -16,11 +16,11 @@ from pathlib import Path
 import yaml
 
 from evolve.config import load_policy, load_problem
-from evolve.controller import Controller
-from evolve.evaluator import Evaluator
 from evolve.events import EventLog
-from evolve.policy import Sample
-from evolve.runner import open_database
+from evolve.judge.evaluator import Evaluator
+from evolve.run import open_database
+from evolve.search.controller import Controller
+from evolve.serving.client import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = ROOT / "problems" / "circle_packing.yaml"

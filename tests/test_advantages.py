@@ -1,8 +1,15 @@
-"""GRPO and VPO advantages (evolve/advantages.py) against numbers worked out by hand."""
+"""GRPO and VPO advantages (evolve/rl/advantages.py) against numbers worked out by hand."""
 import numpy as np
 import pytest
 
-from evolve.advantages import grpo, normalize, scalar_rewards, set_reward, vpo, vpo_from_weights
+from evolve.rl.advantages import (
+    grpo,
+    normalize,
+    scalar_rewards,
+    set_reward,
+    vpo,
+    vpo_from_weights,
+)
 
 EPS = 1e-6
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from evolve.allocation import Allocation
+from evolve.search.allocation import Allocation
 
 
 def cycles(alloc: Allocation, n: int, llm_gain: float, tuning_gain: float, llm_s=60.0, tuning_s=60.0):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from scripted_run import make_run
 
 ROOT = Path(__file__).resolve().parents[1]

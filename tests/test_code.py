@@ -1,11 +1,11 @@
-"""Tests for evolve.code: the EVOLVE-BLOCK, answer parsing and applying mutations."""
+"""Tests for evolve.mutation.code: the EVOLVE-BLOCK, answer parsing and applying mutations."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from evolve.code import (
+from evolve.mutation.code import (
     BLOCK_END,
     BLOCK_START,
     Edit,

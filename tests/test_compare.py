@@ -20,14 +20,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from evolve import compare, compare_report, heldout, stats
-from evolve.cli import main
-from evolve.config import Server, load_policy, load_problem
-from evolve.models import ensure_model
-from evolve.server import VLLMServer
-
 from scripted_run import ScriptedClient, shared_run, write_problem  # noqa: E402
+
+from evolve.cli import main
+from evolve.compare import plan as compare
+from evolve.compare import report as compare_report
+from evolve.compare import stats
+from evolve.config import Server, load_policy, load_problem
+from evolve.rl import heldout
+from evolve.serving.models import ensure_model
+from evolve.serving.server import VLLMServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL_MODEL = "smollm2-135m-instruct"
@@ -38,7 +40,7 @@ SCRIPTED_CLI = f"""
 import asyncio, os, sys
 sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
 from scripted_run import ScriptedClient
-import evolve.runner as runner
+import evolve.run as runner
 
 class Client(ScriptedClient):
     async def sample(self, messages, n, seed=None):
@@ -61,11 +63,11 @@ def scripted(tmp_path, monkeypatch):
     real = compare.arm_command
     monkeypatch.setattr(compare, "arm_command",
                         lambda *a, **k: [sys.executable, str(script)] + real(*a, **k)[3:])
-    import evolve.policy
-    import evolve.runner
-    monkeypatch.setattr(evolve.runner, "start_policy_server",
+    import evolve.serving.client
+    import evolve.serving.server
+    monkeypatch.setattr(evolve.serving.server, "start_policy_server",
                         lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None))
-    monkeypatch.setattr(evolve.policy, "PolicyClient", lambda policy, base_url, model: ScriptedClient())
+    monkeypatch.setattr(evolve.serving.client, "PolicyClient", lambda policy, base_url, model: ScriptedClient())
     problem = write_problem(tmp_path, 10)
     policies = []
     for name, group in (("alpha", 4), ("beta", 2)):  # two frozen mutators that answer differently
@@ -255,7 +257,7 @@ def compare_cli(tmp_path) -> Path:
     script.write_text(f"""
 import sys
 sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
-from evolve import compare
+from evolve.compare import plan as compare
 real = compare.arm_command
 compare.arm_command = lambda *a, **k: [sys.executable, {str(tmp_path / "scripted_cli.py")!r}] + real(*a, **k)[3:]
 from evolve.cli import main
@@ -456,7 +458,7 @@ def test_problem_overrides_reach_every_arm_and_pin_the_comparison(tmp_path):
 
 
 def test_each_training_arm_is_told_its_own_baseline():
-    from evolve.compare_report import baselines
+    from evolve.compare.report import baselines
     frozen, frozen_m3, grpo, vpo = (load_policy(ROOT / "policies" / f"{n}.yaml")
                                     for n in ("frozen", "frozen_m3", "grpo", "vpo"))
     assert frozen_m3.answers == vpo.answers == 3 and frozen_m3.train is None

@@ -19,15 +19,24 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from rich.console import Console
+from scripted_run import shared_run
 
 from evolve.cli import main
-from evolve.dashboard import (EventTail, LiveDashboard, View, attach, header, screen, stacked,
-                              wants_dashboard, with_best_events)
-from evolve.database import MIGRATIONS, connect
 from evolve.events import Event
-from evolve.snapshot import RunReader, schema_revision, readonly_engine
-
-from scripted_run import shared_run
+from evolve.store.connection import readonly_engine, schema_revision
+from evolve.store.database import MIGRATIONS, connect
+from evolve.views.dashboard import (
+    EventTail,
+    LiveDashboard,
+    View,
+    attach,
+    header,
+    screen,
+    stacked,
+    wants_dashboard,
+    with_best_events,
+)
+from evolve.views.snapshot import RunReader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -382,8 +391,8 @@ def screens(raw: str) -> list[str]:
 def smol_policy(tmp_path_factory):
     """SmolLM2 with short answers (quick calls), served once for both runs of the test."""
     from evolve.config import load_policy
-    from evolve.models import ensure_model
-    from evolve.server import VLLMServer
+    from evolve.serving.models import ensure_model
+    from evolve.serving.server import VLLMServer
 
     folder = tmp_path_factory.mktemp("smol")
     path = folder / "smol.yaml"

@@ -8,8 +8,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from evolve.config import Descriptor, Search
-from evolve.database import ProgramDatabase, cell_of, connect, migrate
-from evolve.schema import Base, Cell, Program
+from evolve.store.database import ProgramDatabase, cell_of, connect, migrate
+from evolve.store.schema import Base, Cell, Program
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=4), Descriptor(name="b", low=0, high=1, bins=4)]
 

@@ -13,12 +13,17 @@ from pathlib import Path
 import docker
 import pytest
 
-from evolve import sandbox_image
 from evolve.config import SandboxLimits, load_problem
-from evolve.docker_sandbox import LABEL, DockerSandbox, DockerUnavailable, connect, owner_id
-from evolve.evaluator import Evaluator
+from evolve.judge.evaluator import Evaluator
+from evolve.sandbox import image as sandbox_image
 from evolve.sandbox import make_sandbox
-
+from evolve.sandbox.docker import (
+    LABEL,
+    DockerSandbox,
+    DockerUnavailable,
+    connect,
+    owner_id,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CASE = [{"name": "a", "args": {"n": 3}}]

@@ -1,4 +1,4 @@
-"""Several policy endpoints behind one client (evolve/endpoints.py), the choice isolated with
+"""Several policy endpoints behind one client (evolve/serving/endpoints.py), the choice isolated with
 stand-in endpoints; the real parts (a live vLLM and a dead port): tests/test_llm_faults.py."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from evolve.endpoints import EndpointPool
+from evolve.serving.endpoints import EndpointPool
 
 
 class Stub:

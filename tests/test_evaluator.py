@@ -4,12 +4,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from scripted_run import SEED as GRID_SEED
 
 from evolve.config import SandboxLimits, load_problem
-from evolve.evaluator import Evaluator
-from evolve.docker_sandbox import DockerSandbox
-from evolve.sandbox import SandboxResult
-from scripted_run import SEED as GRID_SEED
+from evolve.judge.evaluator import Evaluator
+from evolve.sandbox.docker import DockerSandbox
+from evolve.sandbox.result import SandboxResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")

@@ -13,13 +13,12 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-
-from evolve.cli import main  # noqa: E402
-from evolve.config import load_problem  # noqa: E402
-from evolve.evaluator import load_scorer  # noqa: E402
-from evolve.export import export, progress_points  # noqa: E402
-
 from scripted_run import HOLES, shared_run  # noqa: E402
+
+from evolve.cli import main
+from evolve.config import load_problem
+from evolve.judge.evaluator import load_scorer
+from evolve.views.export import export, progress_points
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +112,7 @@ def test_scorer_draw_hook_draws_to_scale(run):
 
 
 def test_export_cli_reports_where_it_wrote(run, tmp_path, capsys, monkeypatch):
-    import evolve.export as module
+    import evolve.views.export as module
     monkeypatch.setattr(module, "draw_best", lambda *a, **k: "best_program.png: not drawn (test)")
     assert main(["export", str(run), "--out", str(tmp_path / "x")]) == 0
     out = capsys.readouterr().out

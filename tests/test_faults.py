@@ -10,9 +10,10 @@ import openai
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from evolve.dashboard import outages
 from evolve.events import Event
-from evolve.faults import Fault, PolicyLink, backoff, fault_of
+from evolve.faults import Fault, backoff, fault_of
+from evolve.serving.link import PolicyLink
+from evolve.views.dashboard import outages
 
 
 def operational(message: str) -> OperationalError:
@@ -60,7 +61,7 @@ def test_a_transient_failure_is_retried_with_the_same_seed_and_reported(monkeypa
 
     async def fake_sleep(seconds):
         slept.append(seconds)
-    monkeypatch.setattr("evolve.faults.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("evolve.serving.link.asyncio.sleep", fake_sleep)
     client = Flaky(3, connection_error())
     link = PolicyLink(client, seen.append)
     assert asyncio.run(link.sample([], 4, seed=77)) == "answer"
@@ -102,7 +103,7 @@ class Server:
 def test_a_dead_embedded_server_is_restarted_once_and_another_runs_server_is_waited_for(monkeypatch):
     async def no_sleep(seconds):
         pass
-    monkeypatch.setattr("evolve.faults.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("evolve.serving.link.asyncio.sleep", no_sleep)
     seen = []
     ours = Server()
     link = PolicyLink(Flaky(1, connection_error()), seen.append, ours)

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from evolve.docker_sandbox import LABEL
+from evolve.sandbox.docker import LABEL
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]

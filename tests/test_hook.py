@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from evolve.config import Descriptor, Policy, Search, load_policy
-from evolve.database import ProgramDatabase
-from evolve.hook import RLHook
-from evolve.rollouts import complete_groups
-from evolve.schema import Completion, LLMCall, PolicyVersion, Program
+from evolve.rl.hook import RLHook
+from evolve.rl.rollouts import complete_groups
+from evolve.store.database import ProgramDatabase
+from evolve.store.schema import Completion, LLMCall, PolicyVersion, Program
 from tests.test_policy import PROBLEM, ROOT
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=2)]
@@ -154,7 +154,7 @@ async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(
 def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
     import torch
 
-    from evolve.hook import serve_mode
+    from evolve.rl.hook import serve_mode
 
     own, shared = SimpleNamespace(reused=False), SimpleNamespace(reused=True)
     assert serve_mode("merge", own) == "merge"
@@ -168,8 +168,8 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     """The run-time served-equals-trained check, its arithmetic isolated: a stand-in server
     reports log-probs, a stand-in trainer its own for the same tokens (the real parts:
     tests/test_rl_run.py)."""
-    from evolve.hook import SERVED_TOLERANCE
-    from evolve.policy import Sample
+    from evolve.rl.hook import SERVED_TOLERANCE
+    from evolve.serving.client import Sample
 
     db = open_db(tmp_path)
     hook = _hook(tmp_path, db, "grpo")

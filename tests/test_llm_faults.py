@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from evolve import config
-from evolve.models import ensure_model
-from evolve.server import VLLMServer
+from evolve.serving.models import ensure_model
+from evolve.serving.server import VLLMServer
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from evolve.loss import importance_weights, policy_loss, token_logprobs
+from evolve.rl.loss import importance_weights, policy_loss, token_logprobs
 
 
 def loss_of(logp, old, ref, adv, mask=None, **kw):

@@ -12,8 +12,14 @@ import time
 
 import pytest
 
-from evolve import models
-from evolve.models import SHIPPED, ModelError, ShippedModel, ensure_model, model_path
+from evolve.serving import models
+from evolve.serving.models import (
+    SHIPPED,
+    ModelError,
+    ShippedModel,
+    ensure_model,
+    model_path,
+)
 
 SMOL = SHIPPED["smollm2-135m-instruct"]
 

@@ -2,9 +2,9 @@
 from pathlib import Path
 
 from evolve.config import load_problem
-from evolve.code import apply_answer
-from evolve.policy import EXAMPLE_PROGRAM, build_messages, estimate_tokens
-from evolve.schema import Program
+from evolve.mutation.code import apply_answer
+from evolve.mutation.prompt import EXAMPLE_PROGRAM, build_messages, estimate_tokens
+from evolve.store.schema import Program
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
@@ -52,7 +52,7 @@ def test_inspirations_dropped_to_fit_budget_but_parent_kept():
 
 def test_worked_example_is_a_valid_answer_in_the_format_asked():
     """The example turn must itself be a correct answer, or it teaches the wrong thing."""
-    from evolve.code import split_answers
+    from evolve.mutation.code import split_answers
     for fmt in ("diff", "rewrite"):
         for m in (1, 3):
             example = build_messages(PROBLEM, prog(0.8), [], m, 6000, fmt)[2]["content"]

@@ -16,16 +16,24 @@ from alembic.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
+from test_database import AXES, child
+from test_reliability import (
+    archive,
+    check_consistent,
+    done,
+    events,
+    finish,
+    setup_run,
+    start,
+    wait_for,
+)
 
 from evolve.config import Search
-from evolve.database import ProgramDatabase, RunInUse, connect, migrate
 from evolve.events import Event
 from evolve.faults import database_away, fault_of, wait_for_database
-from evolve.schema import Base
-from evolve.snapshot import readonly_engine
-from test_database import AXES, child
-from test_reliability import (archive, check_consistent, done, events, finish, setup_run, start,
-                              wait_for)
+from evolve.store.connection import readonly_engine
+from evolve.store.database import ProgramDatabase, RunInUse, connect, migrate
+from evolve.store.schema import Base
 
 
 def open_run(url: str, name: str = "run") -> ProgramDatabase:

@@ -4,8 +4,8 @@ templates and --set, `evolve check` on every problem, and the target that stops 
 Judging goes through the real sandbox (Docker).
 """
 import asyncio
-import json
 import importlib.util
+import json
 import math
 import re
 import subprocess
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from evolve.config import ConfigError, load_problem
-from evolve.evaluator import Evaluator
+from evolve.judge.evaluator import Evaluator
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "problems"
@@ -315,7 +315,7 @@ class CanonicalClient:
         self.answer = f"Write it.\n<<<<<<< SEARCH\n    pass  # to be written\n=======\n{body}\n>>>>>>> REPLACE"
 
     async def sample(self, messages, n, seed=None):
-        from evolve.policy import Sample
+        from evolve.serving.client import Sample
         await asyncio.sleep(0.01)  # a real client waits on the network; the loop relies on it
         return Sample(texts=[self.answer] * n, finish_reasons=["stop"] * n, prompt_tokens=100,
                       completion_tokens=50 * n, started_at=0.0, latency_s=0.01)
@@ -328,8 +328,8 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
     from scripted_run import write_policy
 
     from evolve.config import load_policy
-    from evolve.controller import Controller
-    from evolve.runner import open_database
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
 
     problem = task("HumanEval/0")
     assert problem.budget.target_objective == 1.0
@@ -348,7 +348,7 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
     finally:
         db.close()
     # The run stores the expanded problem, so its views need neither the template nor the task.
-    from evolve.snapshot import RunReader
+    from evolve.views.snapshot import RunReader
     reader = RunReader(tmp_path, spec)
     try:
         snap = reader.snapshot()

@@ -15,10 +15,19 @@ import pytest
 import ray
 import yaml
 from ray.cluster_utils import Cluster
+from test_reliability import (
+    archive,
+    check_consistent,
+    done,
+    events,
+    finish,
+    setup_run,
+    start,
+    wait_for,
+)
 
 from evolve.config import SandboxLimits
-from evolve.ray_sandbox import RaySandbox
-from test_reliability import archive, check_consistent, done, events, finish, setup_run, start, wait_for
+from evolve.sandbox.ray import RaySandbox
 
 pytestmark = pytest.mark.usefixtures("docker_ready")
 SLOW = "import time\ndef f(x):\n    time.sleep(x)\n    return x\n"

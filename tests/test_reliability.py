@@ -20,11 +20,10 @@ from pathlib import Path
 import docker
 import pytest
 import yaml
-
-from evolve.docker_sandbox import LABEL, connect
-from evolve.sandbox_image import image_tag
-
 from scripted_run import write_policy, write_problem  # noqa: E402
+
+from evolve.sandbox.docker import LABEL, connect
+from evolve.sandbox.image import image_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -36,7 +35,7 @@ SCRIPT = f"""
 import asyncio, os, sys
 sys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]
 from scripted_run import ScriptedClient
-import evolve.runner as runner, evolve.docker_sandbox as docker_sandbox
+import evolve.run as runner, evolve.sandbox.docker as docker_sandbox
 
 class Client(ScriptedClient):
     async def sample(self, messages, n, seed=None):

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from evolve.config import Server
-from evolve.hook import SERVED_TOLERANCE
-from evolve.schema import LLMCall, PolicyVersion, TrainingStep
-from evolve.server import VLLMServer
+from evolve.rl.hook import SERVED_TOLERANCE
+from evolve.serving.server import VLLMServer
+from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
 from tests.test_rl_run import PORT, grpo_policy, run_humaneval, served_vs_trained
 from tests.test_run import MODEL, db_session, evolve
 

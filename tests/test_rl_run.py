@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import select
 
 from evolve.config import Server
-from evolve.hook import SERVED_TOLERANCE, load_adapter
-from evolve.models import ensure_model
-from evolve.schema import Completion, LLMCall, PolicyVersion, TrainingStep
-from evolve.server import VLLMServer
+from evolve.rl.hook import SERVED_TOLERANCE
+from evolve.serving.adapters import load_adapter
+from evolve.serving.models import ensure_model
+from evolve.serving.server import VLLMServer
+from evolve.store.schema import Completion, LLMCall, PolicyVersion, TrainingStep
 from tests.test_run import MODEL, ROOT, db_session, evolve
 
 pytestmark = pytest.mark.real
@@ -73,7 +74,7 @@ def served_vs_trained(server: VLLMServer, version) -> dict:
     from transformers import AutoTokenizer
 
     from evolve.config import Train
-    from evolve.trainer import Trainer
+    from evolve.rl.trainer import Trainer
 
     body = {"model": version.model, "messages": PROMPT, "max_tokens": 24, "temperature": 0, "seed": 7,
             "logprobs": True, "return_token_ids": True}
@@ -160,7 +161,7 @@ def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
 BROKEN_TRAINER = f"""
 import sys, torch
 sys.path.insert(0, {str(ROOT)!r})
-import evolve.trainer as trainer
+import evolve.rl.trainer as trainer
 real_save = trainer.Trainer.save
 def save(self, path):
     with torch.no_grad():
@@ -202,7 +203,7 @@ import sys, torch
 from pathlib import Path
 from safetensors.torch import load_file, save_file
 sys.path.insert(0, {str(ROOT)!r})
-import evolve.trainer as trainer
+import evolve.rl.trainer as trainer
 real_save = trainer.Trainer.save
 def save(self, path):
     out = real_save(self, path)

@@ -11,12 +11,12 @@ and each mode has a fixed reward vector in R^2 with genuine trade-offs:
     fail         (0.0, 0.0)  0.00     an answer that did not parse
 
 Four arms train the same policy class with the SAME loss code as the LoRA trainer
-(evolve.loss.token_logprobs + evolve.loss.policy_loss); only the advantages differ:
+(evolve.rl.loss.token_logprobs + evolve.rl.loss.policy_loss); only the advantages differ:
 
-    grpo      m = 1, s = uniform mean of the reward vector      -> evolve.advantages.grpo
-    grpo_m3   m = 3, s = mean over answers of the uniform mean  -> evolve.advantages.grpo
-    vpo_m1    m = 1, R = Dirichlet(1) set reward (one answer)   -> evolve.advantages.vpo
-    vpo_m3    m = 3, R = Dirichlet(1) set reward with the max   -> evolve.advantages.vpo
+    grpo      m = 1, s = uniform mean of the reward vector      -> evolve.rl.advantages.grpo
+    grpo_m3   m = 3, s = mean over answers of the uniform mean  -> evolve.rl.advantages.grpo
+    vpo_m1    m = 1, R = Dirichlet(1) set reward (one answer)   -> evolve.rl.advantages.vpo
+    vpo_m3    m = 3, R = Dirichlet(1) set reward with the max   -> evolve.rl.advantages.vpo
 
 GRPO's best response is one generalist (m = 1) or three (m = 3): it collapses onto one mode.
 VPO's best set is {spec_x, spec_y, generalist} (E_w max = 0.76 vs 0.75 for the two specialists and
@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 import torch
 
-from evolve.advantages import grpo, scalar_rewards, vpo
-from evolve.loss import policy_loss, token_logprobs
+from evolve.rl.advantages import grpo, scalar_rewards, vpo
+from evolve.rl.loss import policy_loss, token_logprobs
 
 MODES = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.6], [0.3, 0.3], [0.0, 0.0]])
 NAMES = ["spec_x", "spec_y", "generalist", "weak", "fail"]

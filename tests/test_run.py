@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from evolve.cli import read_spec
 from evolve.config import Server
-from evolve.models import ensure_model
-from evolve.schema import Completion, Evaluation, LLMCall, Program
-from evolve.schema import Session as RunSession
-from evolve.server import VLLMServer
+from evolve.rundir import RunDir
+from evolve.serving.models import ensure_model
+from evolve.serving.server import VLLMServer
+from evolve.store.schema import Completion, Evaluation, LLMCall, Program
+from evolve.store.schema import Session as RunSession
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def evolve(*args, **kw) -> subprocess.CompletedProcess:
 
 
 def db_session(run_dir: Path) -> Session:
-    return Session(create_engine(read_spec(run_dir)["db_url"]))
+    return Session(create_engine(RunDir(run_dir).spec()["db_url"]))
 
 
 def snapshot(s: Session) -> dict:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from evolve.config import SandboxLimits
-from evolve.sandbox import CANDIDATE_UIDS, ProcessSandbox, SandboxUnavailable, processes_of
+from evolve.sandbox.process import CANDIDATE_UIDS, ProcessSandbox, processes_of
+from evolve.sandbox.result import SandboxUnavailable
 
 ROOT = os.geteuid() == 0
 
@@ -295,7 +296,7 @@ async def test_concurrent_runs_do_not_mix():
 
 
 def test_harness_is_standalone():
-    source = (Path(__file__).resolve().parents[1] / "evolve" / "harness.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "evolve" / "sandbox" / "harness.py").read_text()
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert imports and not any("evolve" in line for line in imports)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from evolve.config import SandboxLimits, load_problem
-from evolve.docker_sandbox import DockerSandbox
-from evolve.evaluator import Evaluator
 from evolve.faults import SandboxFault
+from evolve.judge.evaluator import Evaluator
+from evolve.sandbox.docker import DockerSandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")

@@ -15,10 +15,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from evolve import config
-from evolve.models import ensure_model
-from evolve.policy import PolicyClient, build_messages
-from evolve.schema import Program
-from evolve.server import ServerError, VLLMServer
+from evolve.mutation.prompt import build_messages
+from evolve.serving.client import PolicyClient
+from evolve.serving.models import ensure_model
+from evolve.serving.server import ServerError, VLLMServer
+from evolve.store.schema import Program
 
 pytestmark = pytest.mark.real
 

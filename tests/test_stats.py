@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from evolve import stats
+from evolve.compare import stats
 
 
 # ---- best@k ---------------------------------------------------------------------------------------
@@ -135,6 +135,7 @@ def test_ties_are_counted_exactly():
     pooled = [2.1667] * 3 + [2.3] * 3  # ties across the arms too: enumerate the 20 splits by hand
     x, y = [2.1667, 2.1667, 2.3], [2.1667, 2.3, 2.3]
     from itertools import combinations
+
     from scipy.stats import rankdata
     ranks = rankdata(pooled)
     def u_of(idx):

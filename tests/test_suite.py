@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evolve.cli import read_spec
+from evolve.rundir import RunDir
 
 pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +44,7 @@ def test_suite_runs_every_instance_reports_solved_and_resumes(files, docker_read
         assert row["state"] in ("stopped: budget reached", "stopped: target reached"), row
         assert 1 <= row["evaluations"] <= 3 and row["solved"] == (row["best_objective"] == 1.0)
         assert row["seed_objective"] == 0.0  # the empty function passes none of these tests
-        spec = read_spec(Path(row["run_dir"]))
+        spec = RunDir(Path(row["run_dir"])).spec()
         assert spec["set"] == [f"task={row['instance']}"]  # an ordinary, resumable run directory
     assert report["solved"] == sum(r["solved"] for r in report["instances"])
     assert f"**Solved {report['solved']} of 2**" in (out / "suite.md").read_text()

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from evolve import trainer as trainer_module
 from evolve.config import Train
-from evolve.loss import token_logprobs
-from evolve.models import ensure_model
-from evolve.rollouts import Group, Rollout
-from evolve.trainer import Interrupted, Sequence, Trainer
+from evolve.rl import trainer as trainer_module
+from evolve.rl.loss import token_logprobs
+from evolve.rl.rollouts import Group, Rollout
+from evolve.rl.trainer import Interrupted, Sequence, Trainer
+from evolve.serving.models import ensure_model
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from evolve.code import check_syntax, evolve_block
-from evolve.tuning import Trial, changes_structure, float_literals, substitute, tune
+from evolve.mutation.code import check_syntax, evolve_block
+from evolve.search.tuning import (
+    Trial,
+    changes_structure,
+    float_literals,
+    substitute,
+    tune,
+)
 
 PROGRAM = '''import numpy as np
 SCALE = 2.5  # outside the block: never tuned
@@ -113,14 +119,14 @@ def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_pat
     """The real engine (controller, SQLite, process sandbox, judge) with a scripted LLM: tuned
     children carry their operator, parent and trials; the budget counts every trial; status
     shows the same improving rates as the database."""
+    from scripted_run import make_run
     from sqlalchemy import create_engine, func, select
     from sqlalchemy.orm import Session
 
-    from evolve.database import EVALUATED
-    from evolve.cli import read_spec
-    from evolve.report import _snapshot
-    from evolve.schema import Program, Tuning
-    from scripted_run import make_run
+    from evolve.rundir import RunDir
+    from evolve.store.database import EVALUATED
+    from evolve.store.schema import Program, Tuning
+    from evolve.views.report import _snapshot
 
     run = make_run(tmp_path / "run", evaluations=40,
                    tuning={"enabled": True, "trials": 6, "share": 1.0, "sigma": 0.05})
@@ -144,7 +150,7 @@ def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_pat
         assert all(c.outcome is not None for c in children)
         counts = {(o, k): sum(c.origin == o and c.outcome == k for c in children)
                   for o in ("mutation", "tuned") for k in ("better", "same")}
-    snap = _snapshot(run, read_spec(run))
+    snap = _snapshot(run, RunDir(run).spec())
     for origin in ("mutation", "tuned"):
         rates = snap.operators[origin]
         assert (rates.better, rates.same) == (counts[origin, "better"], counts[origin, "same"])
@@ -154,13 +160,13 @@ def test_a_run_with_tuning_stores_tuned_children_with_lineage_and_budget(tmp_pat
 def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
     """`tuning.background`: tuning turns alternate with the LLM's; the seed is tuned first (the
     first best of its island), and the run stops at its budget with every evaluation counted."""
+    from scripted_run import make_run
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from evolve.database import EVALUATED
-    from evolve.schema import LLMCall, Program, Tuning
-    from evolve.schema import Session as RunSession
-    from scripted_run import make_run
+    from evolve.store.database import EVALUATED
+    from evolve.store.schema import LLMCall, Program, Tuning
+    from evolve.store.schema import Session as RunSession
 
     run = make_run(tmp_path / "run", evaluations=30,
                    tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": 0.5,

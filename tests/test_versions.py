@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from evolve.code import MutationError, evolve_block
 from evolve.config import Policy, load_problem
-from evolve.policy import build_messages, make_child
-from evolve.schema import Program
-from evolve.versions import apply_completion, versions_prefix
+from evolve.mutation.code import MutationError, evolve_block
+from evolve.mutation.prompt import build_messages, make_child
+from evolve.mutation.versions import apply_completion, versions_prefix
+from evolve.store.schema import Program
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")

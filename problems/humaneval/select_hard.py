@@ -27,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from evolve.config import load_policy, load_problem  # noqa: E402
-from evolve.evaluator import Evaluator  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
-from evolve.runner import start_policy_server  # noqa: E402
+
+from evolve.config import load_policy, load_problem
+from evolve.judge.evaluator import Evaluator
+from evolve.serving.server import start_policy_server
 
 PROBLEM = ROOT / "problems" / "humaneval.yaml"
 SYSTEM = "You are an expert Python programmer. Answer with code only."

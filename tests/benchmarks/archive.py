@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from evolve.config import Descriptor, Search
-from evolve.database import ProgramDatabase, code_hash
-from evolve.schema import Program
+from evolve.store.database import ProgramDatabase, code_hash
+from evolve.store.schema import Program
 
 AXES = [Descriptor(name="radius_cv", low=0, high=0.6, bins=8),
         Descriptor(name="border_share", low=0, high=1, bins=8)]

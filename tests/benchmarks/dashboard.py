@@ -22,11 +22,11 @@ from rich.console import Console
 from sqlalchemy import insert, update
 
 from evolve.config import load_problem
-from evolve.dashboard import LiveDashboard, screen
-from evolve.database import ProgramDatabase, cell_of, connect
-from evolve.schema import Cell, Evaluation, LLMCall, Program
-from evolve.schema import Session as RunSession
-from evolve.snapshot import RunReader
+from evolve.store.database import ProgramDatabase, cell_of, connect
+from evolve.store.schema import Cell, Evaluation, LLMCall, Program
+from evolve.store.schema import Session as RunSession
+from evolve.views.dashboard import LiveDashboard, screen
+from evolve.views.snapshot import RunReader
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "problems" / "circle_packing.yaml"

@@ -16,24 +16,24 @@ import argparse
 import asyncio
 import json
 import time
-
-import numpy as np
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evolve.code import MutationError, split_answers
 from evolve.config import load_policy, load_problem
-from evolve.controller import request_seed
-from evolve.database import connect
-from evolve.evaluator import Evaluator
-from evolve.policy import PolicyClient, build_messages, make_child
-from evolve.runner import start_policy_server
-from evolve.schema import Program
-from evolve.tuning import Trial, changes_structure, tune
+from evolve.judge.evaluator import Evaluator
+from evolve.mutation.code import MutationError, split_answers
+from evolve.mutation.prompt import build_messages, make_child
+from evolve.search.controller import request_seed
+from evolve.search.tuning import Trial, changes_structure, tune
+from evolve.serving.client import PolicyClient
+from evolve.serving.server import start_policy_server
+from evolve.store.database import connect
+from evolve.store.schema import Program
 
 # The `rewrite_directed` variant: each call asks for one kind of structural change (numbers
 # are the tuner's job). Measured: the 0.5B model follows none of them reliably (README).

@@ -12,10 +12,10 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evolve.database import connect
-from evolve.report import summary
-from evolve.schema import Evaluation, LLMCall
-from evolve.schema import Session as RunSession
+from evolve.store.database import connect
+from evolve.store.schema import Evaluation, LLMCall
+from evolve.store.schema import Session as RunSession
+from evolve.views.report import summary
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from evolve.config import load_problem
-from evolve.evaluator import Evaluator
+from evolve.judge.evaluator import Evaluator
 from evolve.sandbox import make_sandbox
 
 

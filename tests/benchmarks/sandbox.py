@@ -27,12 +27,24 @@ import time
 from pathlib import Path
 
 from evolve.config import SandboxLimits, load_problem
-from evolve.docker_sandbox import (CONTAINER_COMMAND, WORK_TMPFS, DockerSandbox,
-                                   docker_unavailable_reason)
-from evolve.sandbox import (FILE_SIZE_LIMIT, HARNESS_SOURCE, LOG_TAIL_BYTES, Collected,
-                            ProcessSandbox, SandboxUnavailable, append_results, build_result,
-                            candidate_environment)
-from evolve.sandbox_image import image_tag
+from evolve.sandbox.docker import (
+    CONTAINER_COMMAND,
+    WORK_TMPFS,
+    DockerSandbox,
+    docker_unavailable_reason,
+)
+from evolve.sandbox.image import image_tag
+from evolve.sandbox.process import ProcessSandbox
+from evolve.sandbox.result import (
+    FILE_SIZE_LIMIT,
+    HARNESS_SOURCE,
+    LOG_TAIL_BYTES,
+    Collected,
+    SandboxUnavailable,
+    append_results,
+    build_result,
+    candidate_environment,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMITS = SandboxLimits(timeout_s=60, memory_mb=1024, cpus=1)

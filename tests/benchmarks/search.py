@@ -32,14 +32,16 @@ import sys
 import time
 from pathlib import Path
 
+from overhead import (
+    union_length,  # a sibling script: run this one as tests/benchmarks/search.py
+)
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from evolve.config import load_problem
-from evolve.database import connect
-from evolve.schema import Evaluation, LLMCall, Program, Tuning
-from evolve.schema import Session as RunSession
-from overhead import union_length  # a sibling script: run this one as tests/benchmarks/search.py
+from evolve.store.database import connect
+from evolve.store.schema import Evaluation, LLMCall, Program, Tuning
+from evolve.store.schema import Session as RunSession
 
 ARMS = {
     "evolve": [],
@@ -193,8 +195,8 @@ async def peak_tokens_per_s(run_dir: Path, n_calls: int) -> float | None:
     from contextlib import ExitStack
 
     from evolve.config import load_policy
-    from evolve.policy import PolicyClient
-    from evolve.runner import start_policy_server
+    from evolve.serving.client import PolicyClient
+    from evolve.serving.server import start_policy_server
 
     spec = json.loads((run_dir / "run.json").read_text())
     with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:

@@ -25,10 +25,10 @@ import httpx
 import torch
 
 from evolve.config import Server
-from evolve.hook import load_adapter
-from evolve.models import ensure_model
-from evolve.server import VLLMServer
-from evolve.trainer import merge_adapter
+from evolve.rl.trainer import merge_adapter
+from evolve.serving.adapters import load_adapter
+from evolve.serving.models import ensure_model
+from evolve.serving.server import VLLMServer
 
 PORT = 8131
 PROMPT = [{"role": "user", "content": "Write a Python function that places 26 circles in the unit square so "

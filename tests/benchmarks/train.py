@@ -24,10 +24,10 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evolve.cli import read_spec
-from evolve.database import connect
-from evolve.schema import Session as RunSession
-from evolve.schema import TrainingStep
+from evolve.rundir import RunDir
+from evolve.store.database import connect
+from evolve.store.schema import Session as RunSession
+from evolve.store.schema import TrainingStep
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def steps(run_dir: Path, policy: Path, n: int) -> None:
 
 
 def share(run_dir: Path) -> None:
-    spec = read_spec(run_dir)
+    spec = RunDir(run_dir).spec()
     with Session(connect(spec["db_url"])) as s:
         rows = s.scalars(select(TrainingStep).order_by(TrainingStep.version)).all()
         sessions = s.scalars(select(RunSession).where(RunSession.ended_at.is_not(None))).all()
@@ -72,8 +72,8 @@ def group() -> None:
     import torch
 
     from evolve.config import Train
-    from evolve.models import ensure_model
-    from evolve.trainer import Sequence, Trainer
+    from evolve.rl.trainer import Sequence, Trainer
+    from evolve.serving.models import ensure_model
 
     t = Trainer(ensure_model("qwen2.5-coder-0.5b-instruct"), Train(algorithm="grpo"), temperature=0.8)
     g = torch.Generator().manual_seed(0)

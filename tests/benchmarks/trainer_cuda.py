@@ -2,7 +2,7 @@
 
 The lent GPU machines have torch, transformers and peft but no vLLM and no weights, and only
 64 MiB travel with a call. So the model is built from a shipped model's config with random
-weights (the same architecture and tokenizer), saved, and trained by `evolve.trainer.Trainer`
+weights (the same architecture and tokenizer), saved, and trained by `evolve.rl.trainer.Trainer`
 on `cuda` and on `cpu` from the same LoRA initialisation and the same synthetic groups:
 
     python tests/benchmarks/trainer_cuda.py --config-dir DIR   # config.json + tokenizer files
@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from evolve.config import Train
-from evolve.trainer import Sequence, Trainer
+from evolve.rl.trainer import Sequence, Trainer
 
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 

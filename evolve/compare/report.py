@@ -1,0 +1,504 @@
+"""The report of `evolve compare`: every number read from the arms' databases (read-only) and
+held-out pools, aggregated per policy over seeds, drawn as PNGs, summed up in report.md.
+
+Files in the report folder:
+- report.md: settings, one verdict per pair of policies, tables per policy and per arm, the plots;
+- best_vs_evaluations.png, final_best.png, heldout.png, diversity.png, archive.png, cost.png
+  (evolve/compare/plots.py);
+- figures.json: the data of every figure (and every arm's metrics), so nothing is only a picture.
+
+Definitions (what the numbers mean):
+- best: the best program by objective (ties: the older), as `evolve best` shows it; its curve is
+  the best after e evaluated candidates (the budget's unit), e = 0 being the seed program;
+- valid mutation rate: mutation answers that applied to their parent / all answers;
+- coverage: distinct MAP-Elites cells filled on any island / cells of one grid; QD-score: the sum
+  over those cells of the best elite objective. (Union over islands, because migration copies an
+  island's best into the next one: per-island sums would count one program several times. The
+  per-island values are in figures.json too.)
+- diversity: per LLM call (group), the mean pairwise L1 distance between the reward vectors of
+  its valid answers, beside the share of its answers that are valid (failed answers are all
+  alike, so counting them as zero vectors would make failing look diverse);
+- held-out set reward: VPO's own quantity, per completion E_w[max over its m answers of w.r]
+  with w ~ Dirichlet(1) (1,000 fixed draws), averaged over completions (whole completions,
+  not single answers; for m = 1 it is the mean reward);
+- held-out best@k / pass@k: evolve/rl/heldout.py and evolve/compare/stats.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from evolve.compare import plots as compare_plots
+from evolve.compare import stats
+from evolve.config import load_policy, load_problem
+from evolve.rl.rollouts import complete_groups
+from evolve.rundir import RunDir
+from evolve.store.connection import readonly_engine
+from evolve.store.database import EVALUATED
+from evolve.store.schema import (
+    Cell,
+    Evaluation,
+    LLMCall,
+    PolicyVersion,
+    Program,
+    Run,
+    TrainingStep,
+)
+from evolve.store.schema import Session as RunSession
+
+SMOOTH = 8  # groups in the diversity plot's moving average
+
+
+# ---- one arm, from its database ----------------------------------------------------------------------
+def read_arm(arm, problem) -> dict:
+    """Every per-arm number of the report, read-only from the arm's run database."""
+    spec = RunDir(arm.dir).spec()
+    engine = readonly_engine(spec["db_url"])
+    try:
+        with Session(engine) as s:
+            run_id = s.scalar(select(Run.id).where(Run.name == spec["run_name"]))
+            metrics = {"arm": arm.name, "policy": arm.policy, "seed": arm.seed, "trains": arm.trains,
+                       **_curve(s, run_id), **_best(s, run_id), **_children(s, run_id), **_calls(s, run_id),
+                       **_sessions(s, run_id), **_training(s, run_id), **_archive(s, run_id, problem)}
+            metrics["diversity"] = _diversity(s, run_id, problem)
+    finally:
+        engine.dispose()
+    return metrics
+
+
+def _curve(s: Session, run_id: int) -> dict:
+    """Best objective (and its headline) after each evaluated candidate; index 0 is the seed."""
+    rows = s.execute(select(Program.id, Program.origin, Program.status, Program.objective, Program.headline)
+                     .join(Evaluation, Evaluation.program_id == Program.id)
+                     .where(Program.run_id == run_id).order_by(Evaluation.id)).all()
+    best, objective, headline = None, [], []
+    for row in rows:
+        if row.status == "ok" and (best is None or (row.objective, -row.id) > (best.objective, -best.id)):
+            best = row
+        if row.origin == "mutation":
+            objective.append(best.objective)
+            headline.append(best.headline)
+        elif not objective:  # the seed: the curve starts here
+            objective.append(best.objective if best else None)
+            headline.append(best.headline if best else None)
+    return {"curve_objective": objective, "curve_headline": headline}
+
+
+def _best(s: Session, run_id: int) -> dict:
+    best = s.scalars(select(Program).where(Program.run_id == run_id, Program.status == "ok")
+                     .order_by(Program.objective.desc(), Program.id).limit(1)).first()
+    seed = s.scalars(select(Program).where(Program.run_id == run_id, Program.origin == "seed")
+                     .order_by(Program.id).limit(1)).first()
+    return {"best_id": best.id if best else None, "best_objective": best.objective if best else None,
+            "best_headline": best.headline if best else None,
+            "seed_objective": seed.objective if seed else None}
+
+
+def _children(s: Session, run_id: int) -> dict:
+    by_status = dict(s.execute(select(Program.status, func.count(Program.id)).where(
+        Program.run_id == run_id, Program.origin == "mutation").group_by(Program.status)).all())
+    evaluations = s.scalar(select(func.count(Program.id)).where(
+        Program.run_id == run_id, Program.origin == "mutation", Program.status.in_(EVALUATED),
+        Program.duplicate_of.is_(None)))
+    ok = s.scalar(select(func.count(Program.id)).where(
+        Program.run_id == run_id, Program.origin == "mutation", Program.status == "ok",
+        Program.duplicate_of.is_(None)))
+    answers = sum(by_status.values())
+    applied = answers - by_status.get("mutation_failed", 0)
+    return {"evaluations": evaluations, "answers": answers, "applied": applied, "children": by_status,
+            "valid_mutation_rate": applied / answers if answers else None,
+            "ok_rate": ok / evaluations if evaluations else None}
+
+
+def _calls(s: Session, run_id: int) -> dict:
+    counted = LLMCall.error.is_distinct_from("cancelled")
+    calls, completion, prompt = s.execute(select(
+        func.count(LLMCall.id), func.coalesce(func.sum(LLMCall.completion_tokens), 0),
+        func.coalesce(func.sum(LLMCall.prompt_tokens), 0)).where(LLMCall.run_id == run_id, counted)).one()
+    errors = s.scalar(select(func.count(LLMCall.id)).where(LLMCall.run_id == run_id, LLMCall.error.is_not(None),
+                                                            counted))
+    return {"llm_calls": calls, "llm_errors": errors, "completion_tokens": int(completion),
+            "prompt_tokens": int(prompt)}
+
+
+def _sessions(s: Session, run_id: int) -> dict:
+    rows = s.scalars(select(RunSession).where(RunSession.run_id == run_id).order_by(RunSession.id)).all()
+    wall = sum(r.ended_at - r.started_at for r in rows if r.ended_at is not None)
+    return {"sessions": len(rows), "wall_s": wall, "stop_reason": rows[-1].stop_reason if rows else None}
+
+
+def _training(s: Session, run_id: int) -> dict:
+    steps, train_s, load_s = s.execute(select(
+        func.count(TrainingStep.id), func.coalesce(func.sum(TrainingStep.train_s), 0.0),
+        func.coalesce(func.sum(TrainingStep.load_s), 0.0)).where(TrainingStep.run_id == run_id)).one()
+    version = s.scalar(select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id))
+    return {"training_steps": steps, "train_s": float(train_s), "load_s": float(load_s),
+            "training_s": float(train_s) + float(load_s), "policy_version": version,
+            "step_evaluations": _step_evaluations(s, run_id)}
+
+
+def _step_evaluations(s: Session, run_id: int) -> list[int]:
+    """For each training step, the evaluated children (the curve's index) finished by its end.
+
+    Reading the curve there gives each arm's best at an equal number of updates."""
+    done = sorted(s.scalars(select(Evaluation.started_at + Evaluation.elapsed_s)
+                            .join(Program, Evaluation.program_id == Program.id)
+                            .where(Program.run_id == run_id, Program.origin == "mutation")).all())
+    ends = s.scalars(select(TrainingStep.started_at + TrainingStep.train_s + func.coalesce(TrainingStep.load_s, 0.0))
+                     .where(TrainingStep.run_id == run_id).order_by(TrainingStep.id)).all()
+    return [int(np.searchsorted(done, end, side="right")) for end in ends]
+
+
+def _archive(s: Session, run_id: int, problem) -> dict:
+    rows = s.execute(select(Cell.island, Cell.cell, Cell.objective).where(Cell.run_id == run_id)).all()
+    best_per_cell: dict[str, float] = {}
+    for _, cell, objective in rows:
+        best_per_cell[cell] = max(objective, best_per_cell.get(cell, -math.inf))
+    bins = [d.bins for d in problem.descriptors]
+    return {"cells_filled": len(best_per_cell),
+            "coverage": stats.coverage(len(best_per_cell), bins),
+            "qd_score": stats.qd_score(list(best_per_cell.values())),
+            "coverage_per_island": stats.coverage(len(rows), bins, problem.search.islands),
+            "qd_score_per_island": stats.qd_score([r.objective for r in rows])}
+
+
+def _diversity(s: Session, run_id: int, problem) -> list[dict]:
+    """Per group: the diversity of its valid answers, and the share of its answers that are valid
+    (failed answers are all alike: counting them would make failing look diverse)."""
+    components = [c.name for c in problem.components]
+    out = []
+    for i, group in enumerate(complete_groups(s, run_id, components)):
+        valid = [r.answers[r.valid] for r in group.rollouts if len(r.answers)]
+        answers = sum(len(r.answers) for r in group.rollouts)
+        vectors = np.vstack(valid or [np.zeros((0, len(components)))])
+        out.append({"group": i, "call_id": group.call_id, "version": group.policy_version,
+                    "diversity": stats.diversity(vectors), "valid_rate": len(vectors) / answers if answers else None})
+    return out
+
+
+# ---- one arm's held-out pools ------------------------------------------------------------------------
+def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
+    """best@k, pass@k (k = 1..k_max) and pool diversity, averaged over the parents; None if the
+    pools are missing, partial, or were measured on another parent set."""
+    from evolve.rl.heldout import digest
+
+    if not path.exists() or not parents:
+        return None
+    record = json.loads(path.read_text())
+    if record.get("parents_digest") != digest(parents) or any(p["key"] not in record["parents"] for p in parents):
+        return None
+    per_parent = {}
+    for p in parents:
+        answers = record["parents"][p["key"]]["answers"]
+        values = [a["objective"] for a in answers]
+        n, c = len(values), sum(a["beats_parent"] for a in answers)
+        ks = range(1, min(k_max, n) + 1)
+        valid = [a for a in answers if a["status"] == "ok"]
+        per_parent[p["key"]] = {
+            "n": n, "beats_parent": c, "valid": len(valid), "valid_rate": len(valid) / n if n else None,
+            "best_at_k": [stats.best_at_k(values, k) for k in ks],
+            "pass_at_k": [stats.pass_at_k(n, c, k) for k in ks],
+            "diversity": stats.diversity([a["vector"] for a in valid]),
+            "set_reward": stats.set_quality([a["vector"] for a in answers], record.get("answers_per_completion", 1)),
+            "tokens": record["parents"][p["key"]]["tokens"]}
+    k = min(len(v["best_at_k"]) for v in per_parent.values())
+    mean = lambda key: [float(np.mean([v[key][i] for v in per_parent.values()])) for i in range(k)]  # noqa: E731
+    diversities = [v["diversity"] for v in per_parent.values() if v["diversity"] is not None]
+    return {"policy_version": record["policy_version"], "k": list(range(1, k + 1)),
+            "best_at_k": mean("best_at_k"), "pass_at_k": mean("pass_at_k"),
+            "diversity": float(np.mean(diversities)) if diversities else None,
+            "valid_rate": _mean([v["valid_rate"] for v in per_parent.values()]),
+            "set_reward": _mean([v["set_reward"] for v in per_parent.values()]),
+            "tokens": sum(v["tokens"] for v in per_parent.values()), "parents": per_parent}
+
+
+# ---- per policy, over seeds ----------------------------------------------------------------------------
+def by_policy(arms_metrics: list[dict], policies: list[str]) -> dict[str, list[dict]]:
+    return {p: [m for m in arms_metrics if m["policy"] == p] for p in policies}
+
+
+def band(series: list[list[float | None]], length: int | None = None) -> dict:
+    """Median, min and max over seeds at each index (a seed that stopped early is left out there)."""
+    length = length or max((len(x) for x in series), default=0)
+    grid = np.full((len(series), length), np.nan)
+    for i, x in enumerate(series):
+        values = np.array([np.nan if v is None else v for v in x[:length]], dtype=float)
+        grid[i, :len(values)] = values
+    seen = ~np.all(np.isnan(grid), axis=0) if len(series) else np.zeros(length, bool)
+    pick = lambda f: [float(f(grid[:, j][~np.isnan(grid[:, j])])) if seen[j] else None  # noqa: E731
+                      for j in range(length)]
+    return {"x": list(range(length)), "median": pick(np.median), "min": pick(np.min), "max": pick(np.max)}
+
+
+def summary(values: list[float | None]) -> dict:
+    """Per-seed values with their mean, median and a 95% bootstrap CI of the mean."""
+    x = [v for v in values if v is not None]
+    if not x:
+        return {"values": values, "mean": None, "median": None, "ci95": None}
+    low, high = stats.bootstrap_ci(x, np.mean)
+    return {"values": values, "mean": float(np.mean(x)), "median": float(np.median(x)), "ci95": [low, high]}
+
+
+def rolling(values: list[float | None], window: int = SMOOTH) -> list[float | None]:
+    out, kept = [], []
+    for v in values:
+        if v is not None:
+            kept.append(v)
+        recent = kept[-window:]
+        out.append(float(np.mean(recent)) if recent else None)
+    return out
+
+
+def figures(plan, arms_metrics: list[dict], heldout: dict[str, dict | None]) -> dict:
+    """The data of every figure, per policy over its seeds."""
+    names = [p["name"] for p in plan.policies]
+    groups = by_policy(arms_metrics, names)
+    length = plan.budget + 1
+    fig = {"best_vs_evaluations": {}, "final_best": {}, "heldout": {}, "diversity": {}, "archive": {},
+           "cost": {}}
+    for name, ms in groups.items():
+        fig["best_vs_evaluations"][name] = {
+            "objective": band([m["curve_objective"] for m in ms], length),
+            "headline": band([m["curve_headline"] for m in ms], length),
+            "seeds": [m["seed"] for m in ms]}
+        fig["final_best"][name] = {"objective": summary([m["best_objective"] for m in ms]),
+                                   "headline": summary([m["best_headline"] for m in ms]),
+                                   "seeds": [m["seed"] for m in ms]}
+        fig["diversity"][name] = {"per_group": band([[g["diversity"] for g in m["diversity"]] for m in ms]),
+                                  "smoothed": band([rolling([g["diversity"] for g in m["diversity"]]) for m in ms]),
+                                  "mean": summary([_mean([g["diversity"] for g in m["diversity"]]) for m in ms])}
+        fig["archive"][name] = {k: summary([m[k] for m in ms]) for k in
+                                ("coverage", "qd_score", "coverage_per_island", "qd_score_per_island",
+                                 "cells_filled")}
+        fig["cost"][name] = {k: summary([m[k] for m in ms]) for k in
+                             ("valid_mutation_rate", "ok_rate", "completion_tokens", "llm_calls", "wall_s",
+                              "training_s", "training_steps", "evaluations")}
+        pools = [heldout.get(m["arm"]) for m in ms]
+        if pools and all(pools):
+            k = min(len(p["k"]) for p in pools)
+            fig["heldout"][name] = {"k": list(range(1, k + 1)),
+                                    "best_at_k": band([p["best_at_k"][:k] for p in pools]),
+                                    "pass_at_k": band([p["pass_at_k"][:k] for p in pools]),
+                                    "best_at_k_max": summary([p["best_at_k"][k - 1] for p in pools]),
+                                    "pass_at_k_max": summary([p["pass_at_k"][k - 1] for p in pools]),
+                                    "diversity": summary([p["diversity"] for p in pools]),
+                                    "valid_rate": summary([p.get("valid_rate") for p in pools]),
+                                    "set_reward": summary([p.get("set_reward") for p in pools])}
+    fig["equal_updates"] = equal_updates(arms_metrics)
+    return fig
+
+
+def equal_updates(arms_metrics: list[dict]) -> dict:
+    """The training arms compared after the same number of updates U (the fewest any of them made):
+    each arm's best objective once its U-th step was done, and the evaluations that took. At an
+    equal evaluation budget (the final best) an arm that trains more often has had more updates."""
+    arms = [m for m in arms_metrics if m["trains"]]
+    trains = {m["policy"] for m in arms}
+    updates = min((len(m["step_evaluations"]) for m in arms), default=0)
+    out: dict = {"updates": updates, "policies": {}}
+    if not updates:
+        return out
+    for name, ms in by_policy(arms, sorted(trains)).items():
+        at = [m["step_evaluations"][updates - 1] for m in ms]
+        best = [m["curve_objective"][min(i, len(m["curve_objective"]) - 1)] for m, i in zip(ms, at)]
+        out["policies"][name] = {"objective": summary(best), "evaluations": summary(at),
+                                 "seeds": [m["seed"] for m in ms]}
+    out["verdicts"] = [stats.verdict(a, out["policies"][a]["objective"]["values"], b,
+                                     out["policies"][b]["objective"]["values"],
+                                     what=f"best objective after {updates} updates").text
+                       for a, b in combinations(out["policies"], 2)]
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    x = [v for v in values if v is not None]
+    return float(np.mean(x)) if x else None
+
+
+def verdicts(fig: dict, names: list[str]) -> dict[str, list[str]]:
+    """One line per pair of policies: on the final best objective, and on held-out best@k_max."""
+    out = {"final best objective": [], "held-out best@k_max": []}
+    for a, b in combinations(names, 2):
+        fa, fb = fig["final_best"][a]["objective"]["values"], fig["final_best"][b]["objective"]["values"]
+        if fa and fb and None not in fa + fb:
+            out["final best objective"].append(stats.verdict(a, fa, b, fb).text)
+        if a in fig["heldout"] and b in fig["heldout"]:
+            ha, hb = fig["heldout"][a]["best_at_k_max"]["values"], fig["heldout"][b]["best_at_k_max"]["values"]
+            k = len(fig["heldout"][a]["k"])
+            out["held-out best@k_max"].append(stats.verdict(a, ha, b, hb, what=f"held-out best@{k}").text)
+    return out
+
+
+def baselines(policies: list) -> list[str]:
+    """A line per training policy naming its own baseline: the frozen arm asking for as many
+    answers per response (m). VPO changes m and the reward at once; only its m-matched frozen
+    arm tells which of the two helped."""
+    lines = []
+    for p in (p for p in policies if p.train is not None):
+        same_m = [q.name for q in policies if q.train is None and q.answers == p.answers]
+        lines.append(f"{p.name} (m={p.answers}): its baseline is {same_m[0]} (frozen, m={p.answers})" if same_m
+                     else f"{p.name} (m={p.answers}): no frozen arm with m={p.answers} in this comparison; "
+                          f"add one (e.g. policies/frozen_m3.yaml for m=3) to tell training from m")
+    return lines
+
+
+# ---- the report -------------------------------------------------------------------------------------
+def write_report(plan, arms, out: Path) -> Path:
+    """Read every arm, write figures.json, the PNGs and report.md into `out`; returns report.md."""
+    problem = load_problem(plan.problem, plan.sets)
+    names = [p["name"] for p in plan.policies]
+    present = [a for a in arms if RunDir(a.dir).exists() and _has_db(a)]
+    metrics = [read_arm(a, problem) for a in present]
+    parents = _parents(plan)
+    heldout = {a.name: read_heldout(plan.dir / "heldout" / f"{a.name}.json", parents, plan.heldout["k_max"])
+               for a in present}
+    fig = figures(plan, metrics, heldout)
+    fig["arms"] = {m["arm"]: m for m in metrics}
+    fig["heldout_arms"] = heldout
+    fig["verdicts"] = verdicts(fig, names)
+    fig["baselines"] = baselines([load_policy(p["path"]) for p in plan.policies])
+    fig["settings"] = {"problem": problem.name, "policies": names, "seeds": plan.seeds, "budget": plan.budget,
+                       "max_llm_calls": plan.max_llm_calls, "heldout": plan.heldout,
+                       "heldout_parents": [{k: p[k] for k in ("key", "source", "objective", "headline", "held_out")}
+                                           for p in parents],
+                       "arms_missing": [a.name for a in arms if a not in present]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "figures.json").write_text(json.dumps(fig, indent=1, default=_json) + "\n")
+    plots = compare_plots.draw_all(fig, names, problem.headline, out)
+    path = out / "report.md"
+    path.write_text(markdown(plan, problem, fig, plots))
+    return path
+
+
+def _has_db(arm) -> bool:
+    url = RunDir(arm.dir).database_url()
+    return not url.startswith("sqlite:///") or Path(url.removeprefix("sqlite:///")).exists()
+
+
+def _parents(plan) -> list[dict]:
+    path = plan.dir / "heldout" / "parents.json"
+    return json.loads(path.read_text())["parents"] if path.exists() else []
+
+
+def _json(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)
+
+
+# ---- markdown ---------------------------------------------------------------------------------------
+def _f(v, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _ci(s: dict, digits: int = 4) -> str:
+    if s["mean"] is None:
+        return "-"
+    return f"{s['mean']:.{digits}f} [{s['ci95'][0]:.{digits}f}, {s['ci95'][1]:.{digits}f}]"
+
+
+def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
+    names = fig["settings"]["policies"]
+    lines = [f"# evolve compare: {problem.name}", "",
+             f"Policies {', '.join(names)}; seeds {plan.seeds}; budget {plan.budget} evaluated candidates per arm"
+             + (f" (at most {plan.max_llm_calls} LLM calls)" if plan.max_llm_calls else "") + ". "
+             f"Headline: {problem.headline}. Comparison directory: `{plan.dir}`.", ""]
+    if fig["settings"]["arms_missing"]:
+        lines += [f"**Incomplete:** no run yet for {', '.join(fig['settings']['arms_missing'])}.", ""]
+    lines += ["## Arms and their baselines", ""] + [f"- {line}" for line in fig.get("baselines", [])] + [
+        "- (no training arm)" if not fig.get("baselines") else "", "## Verdicts", ""]
+    for what, texts in fig["verdicts"].items():
+        for text in texts:
+            lines.append(f"- {text}")
+    if not any(fig["verdicts"].values()):
+        lines.append("- (one policy, or no finished arm: nothing to compare)")
+    lines += ["", f"Significance: two-sided {stats.TEST_NAME} on the per-seed values, p < 0.05; the CI is a "
+              "percentile bootstrap of the difference of medians. With a handful of seeds every bootstrap CI "
+              "here is rough (and narrower than the truth): the p-value is the claim.", ""]
+    lines += _policy_table(fig, names, problem.headline) + [""] + _arm_table(fig, problem.headline) + [""]
+    lines += _equal_updates_section(fig) + [""] + _heldout_section(fig, names) + [""]
+    lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += ["## What the numbers are", "",
+              "- Budget: evaluated candidates (failed mutations and duplicates are free), the same for every arm.",
+              "- Best: the best program by objective, as `evolve best` shows it; its curve starts at the seed (0).",
+              "- Coverage: distinct MAP-Elites cells filled on any island / cells of one grid; QD-score: the sum "
+              "over those cells of the best elite objective (per-island values are in figures.json).",
+              "- Diversity: per LLM call, the mean pairwise L1 distance between the reward vectors of its valid "
+              "answers (the valid rate is reported beside it).",
+              "- Search wall time: the runs' sessions (the policy server's start-up is not included). Training: "
+              "the RL hook's training and adapter-loading time (its one-off model load is not included).",
+              "- Every number comes from the arms' databases (read-only) and `heldout/*.json`; the data of every "
+              "figure is in `figures.json`.", ""]
+    return "\n".join(lines)
+
+
+def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
+    rows = ["## Per policy (mean and 95% bootstrap CI over seeds)", "",
+            f"| policy | seeds | final best objective | final best {headline} | coverage | QD-score | "
+            "valid mutations | diversity (valid answers) | held-out valid | held-out best@k_max | "
+            "held-out pass@k_max | held-out set reward |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        fb, ar, co, dv = fig["final_best"][n], fig["archive"][n], fig["cost"][n], fig["diversity"][n]
+        ho = fig["heldout"].get(n)
+        rows.append(f"| {n} | {len(fb['seeds'])} | {_ci(fb['objective'])} | {_ci(fb['headline'], 6)} | "
+                    f"{_ci(ar['coverage'], 3)} | {_ci(ar['qd_score'], 3)} | {_ci(co['valid_mutation_rate'], 3)} | "
+                    f"{_ci(dv['mean'], 4)} | {_ci(ho['valid_rate'], 3) if ho else '-'} | "
+                    f"{_ci(ho['best_at_k_max']) if ho else '-'} | {_ci(ho['pass_at_k_max'], 3) if ho else '-'} | "
+                    f"{_ci(ho['set_reward'], 4) if ho else '-'} |")
+    return rows
+
+
+def _arm_table(fig: dict, headline: str) -> list[str]:
+    rows = ["## Per arm", "",
+            f"| arm | stopped | evaluations | best objective | best {headline} | best # | valid mutations | "
+            "LLM calls | completion tokens | search wall (s) | training steps | training (s) | coverage | QD-score |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in fig["arms"].values():
+        valid = f"{m['applied']}/{m['answers']}"
+        rows.append(f"| {m['arm']} | {m['stop_reason']} | {m['evaluations']} | {_f(m['best_objective'])} | "
+                    f"{_f(m['best_headline'], 6)} | {m['best_id']} | {valid} | {m['llm_calls']} | "
+                    f"{m['completion_tokens']} | {m['wall_s']:.1f} | {m['training_steps']} | "
+                    f"{m['training_s']:.1f} | {m['coverage']:.3f} | {m['qd_score']:.3f} |")
+    return rows
+
+
+def _equal_updates_section(fig: dict) -> list[str]:
+    eq = fig.get("equal_updates") or {}
+    rows = ["## At equal updates", ""]
+    if not eq.get("updates"):
+        return rows + ["No training arm made a training step: nothing to compare at equal updates."]
+    rows += [f"The tables above compare arms at an equal evaluation budget. Here each training arm is read "
+             f"once its {eq['updates']}-th training step was done (the fewest steps any training arm made): "
+             "the best objective it had then, and the evaluated children that took.", "",
+             "| policy | seeds | best objective after the updates | evaluations by then |", "|---|---|---|---|"]
+    for name, p in eq["policies"].items():
+        rows.append(f"| {name} | {len(p['seeds'])} | {_ci(p['objective'])} | {_ci(p['evaluations'], 1)} |")
+    return rows + [""] + [f"- {text}" for text in eq.get("verdicts", [])]
+
+
+def _heldout_section(fig: dict, names: list[str]) -> list[str]:
+    parents = fig["settings"]["heldout_parents"]
+    h = fig["settings"]["heldout"]
+    rows = ["## Held-out parents", ""]
+    if h.get("skip"):
+        return rows + ["Not measured (--skip-heldout)."]
+    if not parents:
+        return rows + ["Not measured yet."]
+    rows += [f"Each arm's final policy answered {h['samples']} times per parent; best@k and pass@k for "
+             f"k = 1..{h['k_max']} are exact estimates over that pool (k drawn without replacement), averaged "
+             "over the parents. Failed answers score 0. Parents (same for every arm):", ""]
+    for p in parents:
+        kind = "held out (a frozen arm's elite no training arm stored)" if p["held_out"] \
+            else "the seed program: NOT held out, every arm has seen it"
+        rows.append(f"- `{p['key']}`: objective {_f(p['objective'])}, {kind}")
+    missing = [n for n in names if n not in fig["heldout"]]
+    if missing:
+        rows += ["", f"No complete held-out pools for {', '.join(missing)} yet."]
+    return rows

@@ -1,0 +1,172 @@
+"""The mutator's prompts: the chat built from a parent and its inspirations, the answer
+formats it asks for, and the child an answer makes of the parent."""
+from __future__ import annotations
+
+import json
+
+from evolve.config import Policy, Problem
+from evolve.mutation.code import apply_answer, evolve_block, outline
+from evolve.mutation.versions import apply_completion, versions_messages
+
+SYSTEM = """You are an expert programmer improving a program by evolution.
+You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`.
+"""
+
+# How an answer is written. Small models copy the worked example whatever its format, so each
+# format has its own (DESIGN §6: 0/10 valid diffs zero-shot, 6-10/10 with one example).
+RULES = {
+    "diff": """Answer with SEARCH/REPLACE blocks. SEARCH copies lines of the current program exactly,
+indentation included; REPLACE holds the new lines:
+
+<<<<<<< SEARCH
+exact lines from the current program
+=======
+new lines that replace them
+>>>>>>> REPLACE
+
+Keep the function names and the return format. Write one short sentence of intent, then
+the blocks, nothing else.""",
+    "rewrite": """Answer with one short sentence of intent, then the complete new code of the block in one
+```python fenced block: every line between the markers, changed or not, nothing outside them.
+Keep the function names and the return format.""",
+}
+FORMATS = tuple(RULES)  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
+
+# A worked example given as a previous chat turn is followed far more reliably than one
+# embedded in the instructions.
+EXAMPLE_PROGRAM = """import math
+
+# EVOLVE-BLOCK-START
+def place_points(n):
+    \"\"\"Return n points in the unit interval, as far apart as possible.\"\"\"
+    step = 1.0 / n
+    points = [i * step for i in range(n)]
+    return points
+# EVOLVE-BLOCK-END
+"""
+
+EXAMPLE_EDITS = [
+    ("Centre the points so the end gaps are equal.",
+     "    points = [i * step for i in range(n)]", "    points = [(i + 0.5) * step for i in range(n)]"),
+    ("Use the whole interval, both ends included.",
+     "    step = 1.0 / n\n    points = [i * step for i in range(n)]",
+     "    step = 1.0 / max(n - 1, 1)\n    points = [i * step for i in range(n)]"),
+    ("Spread the points with a cosine law.",
+     "    points = [i * step for i in range(n)]",
+     "    points = [0.5 - 0.5 * math.cos(math.pi * (i + 0.5) / n) for i in range(n)]"),
+]
+
+
+def _diff(search: str, replace: str) -> str:
+    return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
+
+
+def _rewrite(search: str, replace: str) -> str:
+    block = EXAMPLE_PROGRAM.split("# EVOLVE-BLOCK-START\n")[1].split("# EVOLVE-BLOCK-END")[0]
+    return f"```python\n{block.replace(search, replace).rstrip()}\n```"
+
+
+def example_turns(m: int, fmt: str = "diff") -> list[dict]:
+    """A worked example as one user/assistant exchange, in the answer format asked for."""
+    user = (f"## Problem\nPlace n points in [0, 1] with the largest minimum gap.\n\n"
+            f"### Current program (min gap 0.0000)\n```python\n{EXAMPLE_PROGRAM}```\n\n"
+            f"## Task\n{_answer_instructions(m, fmt)}")
+    edits = [EXAMPLE_EDITS[i % len(EXAMPLE_EDITS)] for i in range(m)]
+    write = _diff if fmt == "diff" else _rewrite
+    if m == 1:
+        intent, search, replace = edits[0]
+        answer = f"{intent}\n{write(search, replace)}"
+    else:
+        answer = "\n".join(f"<answer_{i}>\n{intent}\n{write(search, replace)}\n</answer_{i}>"
+                           for i, (intent, search, replace) in enumerate(edits, 1))
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+
+def scores_line(program, problem: Problem) -> str:
+    """What the model is told about a program: its status, headline and vector fitness."""
+    if program.status != "ok":
+        return f"status {program.status}"
+    comps = ", ".join(f"{k}={v:.4f}" for k, v in (program.fitness or {}).items())
+    if problem.headline == "objective":
+        head = ""
+    elif program.headline is None:  # valid on other components, not on the headline's
+        head = f"{problem.headline} invalid; "
+    else:
+        head = f"{problem.headline} = {program.headline:.6f}; "
+    return f"{head}objective {program.objective:.4f}; normalised components: {comps}"
+
+
+def _program_section(title: str, program, problem: Problem, whole: bool) -> str:
+    code = program.code if whole else evolve_block(program.code)
+    return f"### {title} ({scores_line(program, problem)})\n```python\n{code.rstrip()}\n```\n"
+
+
+def _current_section(parent, problem: Problem, view: str) -> str:
+    """The parent whole, or (view "block") the code around its block as an outline, then the block."""
+    context = outline(parent.code) if view == "block" else ""
+    if not context:
+        return _program_section("Current program", parent, problem, view == "whole")
+    return (f"### Code outside the EVOLVE-BLOCK (fixed; the block may use it)\n```python\n"
+            f"{context.strip()}\n```\n"
+            + _program_section("Current EVOLVE-BLOCK", parent, problem, False))
+
+
+def _answer_instructions(m: int, fmt: str = "diff") -> str:
+    how = ("SEARCH/REPLACE blocks against the current program" if fmt == "diff"
+           else "the complete new code of the EVOLVE-BLOCK in a ```python block")
+    if m == 1:
+        return f"Propose one improvement as {how}."
+    tags = " ".join(f"<answer_{i}>...</answer_{i}>" for i in range(1, m + 1))
+    return (f"Propose {m} genuinely different improvements, each aiming at a different trade-off "
+            f"between the components. Write each as {how}, inside numbered sections: {tags}. "
+            f"Later answers should differ from earlier ones.")
+
+
+def build_messages(problem: Problem, parent, inspirations: list, m: int,
+                   max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None,
+                   view: str = "whole") -> list[dict]:
+    """Chat messages for one mutation request in answer format `fmt` (diff | rewrite | complete),
+    dropping inspirations to stay in budget. `directive`: the kind of change asked for;
+    `view`: how the parent is shown (Policy.program_view)."""
+    insp = list(inspirations)
+    current = _current_section(parent, problem, view) if fmt != "complete" else ""
+    while True:
+        if fmt == "complete":
+            messages = versions_messages(problem, parent, insp)
+        else:
+            messages = _chat(problem, current, insp, m, fmt, directive)
+        if not insp or estimate_tokens(messages) <= max_prompt_tokens:
+            return messages
+        insp.pop()  # the last inspirations are the least useful (diverse ones come last)
+
+
+def _chat(problem: Problem, current: str, insp: list, m: int, fmt: str, directive: str | None) -> list[dict]:
+    """The instructions, a worked example in the answer format, then the request."""
+    user = (f"## Problem\n{problem.description.strip()}\n\n"
+            + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False) for i, p in enumerate(insp))
+            + current
+            + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
+    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
+            {"role": "user", "content": user}]
+
+
+def answer_format(policy: Policy, call_index: int) -> str:
+    """The format of one call: the policy's, or alternating diff / rewrite for `mix`."""
+    if policy.answer_format != "mix":
+        return policy.answer_format
+    return FORMATS[call_index % len(FORMATS)]
+
+
+def make_child(parent: str, answer: str, fmt: str, entry: str) -> str:
+    """The child program an answer in format `fmt` makes of the parent (MutationError if none)."""
+    return apply_completion(parent, answer, entry) if fmt == "complete" else apply_answer(parent, answer)
+
+
+def estimate_tokens(messages: list[dict]) -> int:
+    # ~3.5 characters per token for code with BPE tokenizers; only used for budgeting.
+    return int(sum(len(m["content"]) for m in messages) / 3.5) + 8
+
+
+def dump_messages(messages: list[dict]) -> str:
+    """Prompts are stored as the exact chat messages so training can re-render them."""
+    return json.dumps(messages, ensure_ascii=False)

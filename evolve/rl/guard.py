@@ -1,0 +1,101 @@
+"""The guard of the RL hook: a new policy version serves only if it is not worse than the one
+it would replace.
+
+One training step measured on this CPU made the mutator worse (answers that applied fell from
+19.5 % to 4 %, copies of the prompt's worked example rose from 3 to 19 of 40) and was served
+anyway. So after each step, before the new adapter serves the search, both versions answer the
+same held-out parents (archive elites that no training call used as its parent, never the seed)
+with the same request seeds, every answer is applied and scored in the sandbox, and the new
+version is refused when its valid-answer rate or its improving rate (children that beat their
+parent) falls below its predecessor's by more than `train.guard.margin`. A predecessor is
+measured once; its rates are kept for the next check.
+
+The answers the guard asks for are not part of the run: they are not stored, trained on or
+counted in the budget. Their cost (answers, seconds) is recorded with the training step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from sqlalchemy import select
+
+from evolve.config import Guard as GuardSettings
+from evolve.config import Policy, Problem
+from evolve.mutation.prompt import answer_format
+from evolve.rl.heldout import sample_answers, score_answers
+from evolve.store.database import ProgramDatabase
+from evolve.store.schema import Cell, LLMCall, Program
+
+SALT = 0x6A4D  # the guard's parents and request seeds: apart from the run's and compare's
+
+
+@dataclass
+class Rates:
+    version: int
+    answers: int
+    valid: float  # share of answers whose child scored
+    improving: float  # share of answers whose child beat its parent
+    seconds: float
+
+
+class Guard:
+    def __init__(self, settings: GuardSettings, problem: Problem, policy: Policy, db: ProgramDatabase):
+        self.settings, self.problem, self.policy, self.db = settings, problem, policy, db
+        self.parents: list[dict] | None = None  # chosen at the first check, then fixed
+        self.measured: dict[int, Rates] = {}  # version -> its rates on those parents
+
+    def choose_parents(self) -> list[dict]:
+        """Elites of the archive that no training call had as its parent; never the seed."""
+        s, rid = self.db.session, self.db.run_id
+        used = select(LLMCall.parent_id).where(LLMCall.run_id == rid)
+        seeds = select(Program.code_hash).where(Program.run_id == rid, Program.origin == "seed")
+        pool = s.scalars(select(Program).join(Cell, Cell.program_id == Program.id)
+                         .where(Program.run_id == rid, Program.origin != "seed", Program.id.not_in(used),
+                                Program.code_hash.not_in(seeds)).order_by(Program.id)).all()
+        rng = np.random.default_rng([self.db.run_seed(), SALT])
+        picked = sorted(rng.choice(len(pool), size=min(self.settings.parents, len(pool)), replace=False))
+        return [{"id": pool[i].id, "code": pool[i].code, "status": "ok", "objective": pool[i].objective,
+                 "headline": pool[i].headline, "fitness": pool[i].fitness, "inspirations": []} for i in picked]
+
+    async def measure(self, client, model: str, version: int, evaluator) -> Rates:
+        """The version's answers for every guard parent, applied and scored (same seeds for all)."""
+        started, previous = time.time(), client.model
+        client.model = model
+        records = []
+        try:
+            for i, parent in enumerate(self.parents):
+                answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
+                                                  self.settings.answers)
+                records += await score_answers(evaluator, self.problem, parent, answers,
+                                               self.problem.budget.eval_concurrency,
+                                               answer_format(self.policy, SALT + i))
+        finally:
+            client.model = previous
+        n = max(len(records), 1)
+        return Rates(version, len(records), sum(r["status"] == "ok" for r in records) / n,
+                     sum(r["beats_parent"] for r in records) / n, time.time() - started)
+
+    async def check(self, client, old: tuple[int, str], new: tuple[int, str], evaluator) -> dict:
+        """The verdict on `new` (version, served name) against `old`: {"ok", "why", rates, cost}."""
+        if self.parents is None or len(self.parents) < self.settings.parents:  # a young archive: look again
+            chosen = self.choose_parents()
+            if [p["id"] for p in chosen] != [p["id"] for p in self.parents or []]:
+                self.parents, self.measured = chosen, {}  # rates on other parents do not compare
+        if not self.parents:  # unmeasured is not known to be no worse
+            return {"ok": False, "why": "no held-out parent in the archive yet (elites no training call "
+                                        "used as its parent): not measured, so not served", "parents": 0}
+        if old[0] not in self.measured:
+            self.measured[old[0]] = await self.measure(client, old[1], old[0], evaluator)
+        before = self.measured[old[0]]
+        after = await self.measure(client, new[1], new[0], evaluator)
+        margin = self.settings.margin
+        worse = [f"{name} {getattr(before, name):.1%} -> {getattr(after, name):.1%}"
+                 for name in ("valid", "improving") if getattr(after, name) < getattr(before, name) - margin]
+        if not worse:
+            self.measured[new[0]] = after
+        return {"ok": not worse, "margin": margin, "parents": len(self.parents),
+                "why": ("worse than v%d by more than %.2f: %s" % (old[0], margin, "; ".join(worse))) if worse
+                       else f"not worse than v{old[0]} (margin {margin:.2f})",
+                "before": asdict(before), "after": asdict(after)}

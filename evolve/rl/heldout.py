@@ -1,0 +1,268 @@
+"""Held-out measurement for `evolve compare`: best@k and pass@k of an arm's final policy.
+
+The protocol (DESIGN §8, the VPO paper's): give the policy a fixed set of parents it never
+trained on, sample a pool of n answers for each, evaluate every answer in the sandbox, and
+estimate from the pool what k answers would achieve (evolve/compare/stats.py: best@k, pass@k).
+
+Held-out parents: the MAP-Elites elites of the comparison's frozen arms and of any run given with
+`--heldout-from` (the programs the search itself would pick as parents), drawn with a fixed rng,
+minus any program (by code) that a training arm ever stored, so no trained policy saw it in a
+prompt. Never the seed: every arm started from it and trained on its children. When fewer
+elites exist than asked for, the comparison says so and how to get more (a frozen arm, a larger
+budget, or `--heldout-from` a finished run of the same problem).
+
+Nothing here writes to an arm's database: the calls and evaluations made here are not part of
+any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.json, written after
+each parent so an interrupted measurement resumes where it stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from sqlalchemy import select
+
+from evolve.config import Policy, Problem
+from evolve.mutation.code import MutationError, normalise, split_answers
+from evolve.mutation.prompt import answer_format, build_messages, make_child
+from evolve.store.connection import readonly_engine
+from evolve.store.schema import Cell, PolicyVersion, Program, Run
+
+SALT = 0x6E1D  # request seeds of held-out calls: the same for every arm, apart from the runs'
+
+
+# ---- choosing the parents -----------------------------------------------------------------------
+def choose_parents(problem: Problem, sources: list[tuple[str, str]], trained: list[str],
+                   count: int, seed: int = 0) -> list[dict]:
+    """Up to `count` held-out parents, as plain dicts (code, scores, inspirations, origin).
+
+    sources: (name, db url) of frozen arms and other runs; trained: db urls of training arms.
+    """
+    seen = set().union(*(_code_hashes(url) for url in trained)) if trained else set()
+    pool = []
+    for arm, url in sources:
+        for program in _elites(url):
+            if program.code_hash not in seen:
+                pool.append((arm, url, program))
+                seen.add(program.code_hash)  # one copy of each program
+    rng = np.random.default_rng([seed, SALT])
+    picked = [pool[i] for i in sorted(rng.choice(len(pool), size=min(count, len(pool)), replace=False))]
+    return [_parent(arm, program, _inspirations(url, program, problem, rng), True)
+            for arm, url, program in picked]
+
+
+def _query(url: str, statement) -> list:
+    engine = readonly_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(statement).all()
+    finally:
+        engine.dispose()
+
+
+def _code_hashes(url: str) -> set[str]:
+    return {h for (h,) in _query(url, select(Program.code_hash).where(Program.code_hash.is_not(None)))}
+
+
+def _elites(url: str) -> list:
+    """Elites other than the seed and its copies (migration copies a seed to other islands)."""
+    seeds = select(Program.code_hash).where(Program.origin == "seed")
+    return _query(url, select(Program).join(Cell, Cell.program_id == Program.id)
+                  .where(Program.origin != "seed", Program.code_hash.not_in(seeds)).order_by(Program.id))
+
+
+def run_problem_name(url: str) -> str:
+    """The problem a stored run solved (for --heldout-from: it must be the comparison's)."""
+    return _query(url, select(Run.problem).order_by(Run.id).limit(1))[0][0]
+
+
+def _inspirations(url: str, parent, problem: Problem, rng) -> list[dict]:
+    """As the search would show them: the island's top programs, then a random other elite."""
+    top_n, diverse_n = problem.search.top_inspirations, problem.search.diverse_inspirations
+    island = [p for p in _query(url, select(Program).where(
+        Program.island == parent.island, Program.status == "ok", Program.id != parent.id)
+        .order_by(Program.objective.desc(), Program.id)) if p.code_hash != parent.code_hash]
+    top = island[:top_n]
+    taken = {parent.id, *(p.id for p in top)}
+    others = [p for p in _elites(url) if p.island == parent.island and p.id not in taken
+              and p.code_hash != parent.code_hash]
+    k = min(diverse_n, len(others))
+    diverse = [others[i] for i in rng.choice(len(others), size=k, replace=False)] if k else []
+    return [_program_dict(p) for p in top + diverse]
+
+
+def _program_dict(p) -> dict:
+    return {"id": p.id, "code": p.code, "status": p.status, "objective": p.objective,
+            "headline": p.headline, "fitness": p.fitness}
+
+
+def _parent(source: str, program, inspirations: list[dict], held_out: bool) -> dict:
+    key = f"{source}#{program.id}"
+    return {"key": key, "source": source, **_program_dict(program), "held_out": held_out,
+            "inspirations": inspirations}
+
+
+def digest(parents: list[dict]) -> str:
+    """Identifies a parent set: held-out pools measured on another set are stale."""
+    text = json.dumps([[p["key"], p["code"], [i["code"] for i in p["inspirations"]]] for p in parents])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---- the arm's final policy -----------------------------------------------------------------------
+def final_version(db_url: str, run_name: str) -> dict:
+    """The arm's latest policy version: {version, model (served name), adapter_path}."""
+    rows = _query(db_url, select(PolicyVersion).join(Run, Run.id == PolicyVersion.run_id)
+                  .where(Run.name == run_name).order_by(PolicyVersion.version.desc()).limit(1))
+    v = rows[0]
+    return {"version": v.version, "model": v.model, "adapter_path": v.adapter_path}
+
+
+# ---- sampling and scoring a pool ------------------------------------------------------------------
+@dataclass
+class Settings:
+    samples: int  # n: answers in each parent's pool
+    parents_digest: str
+
+    def matches(self, record: dict) -> bool:
+        return record.get("samples") == self.samples and record.get("parents_digest") == self.parents_digest
+
+
+def call_sizes(samples: int, answers_per_completion: int, group_size: int) -> list[int]:
+    """Completions per call: ceil(n / m) completions in calls of at most the group size.
+
+    A VPO completion holds m answers, so a pool of n answers costs every arm the same n
+    evaluations (the fair budget of DESIGN §8), not the same number of completions.
+    """
+    completions = math.ceil(samples / answers_per_completion)
+    full, rest = divmod(completions, group_size)
+    return [group_size] * full + ([rest] if rest else [])
+
+
+def request_seed(parent_index: int, call_index: int) -> int:
+    return int(np.random.SeedSequence([SALT, parent_index, call_index]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+async def sample_answers(client, problem: Problem, policy: Policy, parent: dict, parent_index: int,
+                         samples: int) -> tuple[list[str | None], int]:
+    """n answers for one parent (None: a slot the completion left empty), and tokens spent."""
+    m = policy.answers
+    inspirations = [SimpleNamespace(**i) for i in parent["inspirations"]]
+    messages = build_messages(problem, SimpleNamespace(**parent), inspirations, m,
+                              policy.sampling.max_prompt_tokens, answer_format(policy, parent_index),
+                              view=policy.program_view)
+    answers, tokens = [], 0
+    for call_index, size in enumerate(call_sizes(samples, m, policy.sampling.group_size)):
+        sample = await client.sample(messages, size, seed=request_seed(parent_index, call_index))
+        tokens += sample.completion_tokens or 0
+        for text in sample.texts:
+            parts = split_answers(text, m)
+            answers += parts + [None] * (m - len(parts))  # a missing answer is a failed one
+    return answers[:samples], tokens
+
+
+async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
+                        concurrency: int, fmt: str) -> list[dict]:
+    """Apply (answers in format `fmt`) and evaluate every answer; each distinct child runs once."""
+    components = [c.name for c in problem.components]
+    children: list[str | None] = []
+    for answer in answers:
+        try:
+            children.append(make_child(parent["code"], answer, fmt, problem.entry_point)
+                            if answer is not None else None)
+        except MutationError:
+            children.append(None)
+    slots = asyncio.Semaphore(concurrency)
+    results: dict[str, object] = {}
+
+    async def evaluate(code: str) -> None:
+        async with slots:
+            results[normalise(code)] = await evaluator.evaluate(code)
+
+    await asyncio.gather(*(evaluate(c) for c in {normalise(c): c for c in children if c}.values()))
+    return [_answer_record(results[normalise(c)] if c else None, parent["objective"], components)
+            for c in children]
+
+
+def _answer_record(result, parent_objective: float, components: list[str]) -> dict:
+    """An answer's outcome; a failed mutation or evaluation scores objective 0, the zero vector."""
+    if result is None:
+        return {"status": "mutation_failed", "objective": 0.0, "headline": None,
+                "vector": [0.0] * len(components), "beats_parent": False}
+    ok = result.status == "ok"
+    vector = [max(float(result.components.get(c, 0.0)), 0.0) if ok else 0.0 for c in components]
+    objective = float(result.objective) if ok else 0.0
+    return {"status": result.status, "objective": objective, "headline": result.headline if ok else None,
+            "vector": vector, "beats_parent": ok and objective > parent_objective}
+
+
+# ---- one arm -----------------------------------------------------------------------------------------
+def measure_arm(out: Path, problem: Problem, policy: Policy, arm: dict, parents: list[dict],
+                settings: Settings, say) -> dict:
+    """Serve the arm's final policy and fill `out` (the arm's held-out JSON); returns the record."""
+    from evolve.judge.evaluator import Evaluator
+    from evolve.serving.server import start_policy_server
+
+    record = _load(out, arm, settings)
+    record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
+    todo = [i for i, p in enumerate(parents) if p["key"] not in record["parents"]]
+    if not todo:
+        return record
+    server_dir = out.with_suffix("")  # the server's log goes next to the pools
+    server_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        base_url, model, _ = start_policy_server(policy, server_dir, arm["seed"], stack)
+        evaluator = Evaluator(problem)
+        stack.callback(evaluator.sandbox.close)
+        asyncio.run(_measure(out, record, problem, policy, parents, todo, base_url, model, evaluator,
+                             settings, say))
+    return record
+
+
+def _load(out: Path, arm: dict, settings: Settings) -> dict:
+    """The pools measured so far, unless they belong to another parent set, n or policy version."""
+    version = arm["version"]
+    fresh = {"arm": arm["name"], "policy_version": version["version"], "model": version["model"],
+             "adapter_path": version["adapter_path"], "run_evaluations": arm["evaluations"],
+             "samples": settings.samples, "parents_digest": settings.parents_digest, "parents": {}}
+    if out.exists():
+        old = json.loads(out.read_text())
+        same_arm = all(old.get(k) == fresh[k] for k in ("policy_version", "run_evaluations"))
+        if settings.matches(old) and same_arm:
+            return old
+    return fresh
+
+
+async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say):
+    from evolve.serving.adapters import load_adapter
+    from evolve.serving.client import PolicyClient
+    from evolve.serving.link import PolicyLink
+
+    version = record["policy_version"]
+    client = PolicyLink(PolicyClient(policy, base_url, model), lambda event: say("  " + event.message))
+    try:
+        if version > 0:  # a trained arm: its latest adapter, loaded as the run's hook loads it
+            server_url = base_url.removesuffix("/").removesuffix("/v1")
+            await load_adapter(server_url, record["model"], record["adapter_path"])
+            client.model = record["model"]
+        for i in todo:
+            parent = parents[i]
+            answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
+            scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency,
+                                         answer_format(policy, i))
+            record["parents"][parent["key"]] = {"parent_objective": parent["objective"], "tokens": tokens,
+                                                "answers": scored}
+            out.write_text(json.dumps(record, indent=1) + "\n")
+            wins = sum(a["beats_parent"] for a in scored)
+            valid = sum(a["status"] == "ok" for a in scored)
+            say(f"  held-out parent {i + 1}/{len(parents)} ({parent['key']}): {len(scored)} answers, "
+                f"{valid} valid, {wins} beat the parent, best objective "
+                f"{max(a['objective'] for a in scored):.4f} (parent {parent['objective']:.4f})")
+    finally:
+        await client.close()

@@ -1,0 +1,363 @@
+"""The RL hook: retrain the mutator on the run's own archive and hot-swap it into vLLM.
+
+After every `train_every_answers` answers of the current policy version (on-policy; rounded
+up to whole groups), the controller pauses generation and calls `step`: advantages (GRPO or VPO) -> one LoRA training
+step -> the adapter saved under RUN_DIR/adapters/vN -> loaded into the running server by name
+-> a new policy version recorded -> later calls go to it. A resume loads the latest adapter.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import numpy as np
+from sqlalchemy import func, select
+
+from evolve.config import Policy, Problem
+from evolve.rl import advantages
+from evolve.rl.guard import Guard
+from evolve.rl.rollouts import Group, complete_groups
+from evolve.serving.adapters import load_adapter, unload_adapter
+from evolve.store.database import ProgramDatabase
+from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
+
+
+class HookError(RuntimeError):
+    pass
+
+
+# Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
+# CPU backend and torch, so exact equality is not expected; an adapter that is not the
+# trained one (or not loaded at all) moves them by far more (tests/test_rl_run.py).
+SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
+CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
+
+
+class RLHook:
+    def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
+                 model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
+                 server=None, replicas: list[str] = ()):
+        assert policy.train is not None
+        seed = run_seed if policy.train.seed is None else policy.train.seed
+        self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
+        self.components = [c.name for c in problem.components]
+        weights = problem.weight_vector()
+        self.weights = np.array([weights[c] for c in self.components])
+        self.adapters = Path(run_dir) / "adapters"
+        self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
+        # every endpoint of the policy serves each version (hot-loaded into each)
+        self.server_urls = [self.server_url, *(u.rstrip("/") for u in replicas)]
+        self.unreachable: Callable[[str, str], None] | None = None  # set with several endpoints
+        self.trainer = None  # loaded at the first step: ~7 GB not needed before
+        self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
+        self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
+        self.guard = Guard(self.train.guard, problem, policy, db) if self.train.guard is not None else None
+        self.saved: dict | None = None  # the trainer's state before the step, while the guard decides
+        # merge: published versions are served merged into the weights by the run's own server,
+        # restarted on them (evolve/serving/server.py `serve`); hot_load: LoRAs loaded into it by name.
+        self.server, self.serve = server, serve_mode(self.train.serve, server)
+        self.base_dir = server.model_dir if server is not None else None
+        self.merged = Path(run_dir) / "merged"
+        if self.train.serve == "merge" and self.serve != "merge":
+            emit("adapter", "serve: merge needs the run's own embedded server; hot-loading adapters instead")
+
+    # ---- when -------------------------------------------------------------------------------
+    def groups_per_step(self) -> int:
+        """Calls (groups) that bring `train_every_answers` answers: G completions of m answers each."""
+        per_call = self.policy.sampling.group_size * self.policy.answers
+        return -(-self.train.train_every_answers // per_call)
+
+    def due(self) -> bool:
+        """A step's worth of groups of the current version were generated (since the last step
+        that found no signal); the controller then waits until they are all scored before it
+        calls `step` (so rewards are known)."""
+        version = self.db.policy_version().version
+        query = select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.db.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None))
+        if self.held_since is not None:
+            query = query.where(LLMCall.started_at > self.held_since)
+        generated = self.db.session.scalar(query)
+        return generated >= self.groups_per_step()
+
+    def _groups(self, version: int) -> list[Group]:
+        return complete_groups(self.db.session, self.db.run_id, self.components, version, logprobs=True)
+
+    # ---- resume -----------------------------------------------------------------------------
+    async def resume(self, client) -> None:
+        """Serve the run's latest adapter again (a fresh server knows none)."""
+        current = self.db.policy_version()
+        if self.serve == "merge":
+            took = await self._serve(current)
+            client.model = current.model if current.version > 0 else self.policy.model
+            if current.version > 0 and took > 1.0:
+                self.emit("adapter", f"resumed policy v{current.version} ({current.model}), served merged "
+                          f"into the weights in {took:.0f} s", version=current.version, load_s=took)
+            return
+        if current.version > 0:
+            load_s = await self._load(current)
+            client.model = current.model
+            self.emit("adapter", f"resumed policy v{current.version} ({current.model}), "
+                      f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
+
+    # ---- one step ---------------------------------------------------------------------------
+    async def step(self, client, evaluator=None) -> TrainingStep | None:
+        current = self.db.policy_version()
+        groups = self._groups(current.version)
+        if not groups:  # due() said generated; the controller drained: they must be complete
+            raise HookError(f"policy v{current.version}: groups were generated but none is fully "
+                            "scored; refusing to train on partial rewards")
+        new = current.version + 1
+        adv, rewards = self.advantages(groups, new)
+        if not any(np.any(a != 0) for a in adv):  # nothing to learn: publish nothing
+            self.held_since = time.time()
+            self.emit("training", f"policy v{current.version} keeps serving: no signal in {len(groups)} "
+                      f"groups (every advantage is zero); trying again after {self.groups_per_step()} more",
+                      version=current.version, groups=len(groups), published=False)
+            return None
+        self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
+                  version=new, groups=len(groups))
+        step = await asyncio.to_thread(self._train, groups, adv, current)
+        path = self.adapters / f"v{new}"
+        name = f"{self.policy.name}-v{new}"
+        version = PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path))
+        step.run_id, step.version = self.db.run_id, new
+        step.groups, step.reward_mean = len(groups), float(np.mean(np.concatenate(rewards)))
+        step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
+        step.published = True
+        guarded = self.guard is not None and evaluator is not None
+        if guarded or self.serve == "hot_load":
+            step.load_s = await self._hot_load(current, version)
+        if guarded:
+            # client.model: the name the current version is served under ("base" is only its label)
+            step.guard = await self.guard.check(client, (current.version, client.model), (new, name), evaluator)
+            step.published = step.guard["ok"]
+            if not step.published:
+                cost = step.guard["after"]["seconds"] if "after" in step.guard else 0.0
+                await self._refuse(step, name, path, current, f"{step.guard['why']} (guard: "
+                                   f"{step.guard['parents']} held-out parents, {cost:.0f} s)")
+                if self.serve == "merge":  # back on the current version's weights
+                    await self._serve(current)
+                return None
+        if self.serve == "merge":
+            step.load_s = await self._serve(version)
+        step.served_check = await self._served_check(client, name, groups[-1])
+        if not step.served_check["ok"]:
+            step.published = False
+            await self._refuse(step, name, path, current, self._mismatch(step.served_check))
+            if self.serve == "merge":
+                await self._serve(current)
+            return None
+        self.db.add(version)
+        self.db.add(step)
+        client.model = name
+        if self.serve == "hot_load" and current.version > 0:  # the old adapter is never asked for again
+            await self._unload(current.model)
+        guard = f", guard: {step.guard['why']}" if step.guard else ""
+        served = "merged and restarted in" if self.serve == "merge" else "loaded"
+        self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
+                  f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
+                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}",
+                  version=new, loss=step.loss, kl=step.kl, served_check=step.served_check,
+                  sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
+                  train_s=step.train_s, load_s=step.load_s)
+        return step
+
+    async def _hot_load(self, current: PolicyVersion, new: PolicyVersion) -> float:
+        """Load the new version's LoRA into the server (seconds). Merged: the server first goes
+        back to the base weights, with the current version as a LoRA too, for the guard."""
+        if self.serve == "merge":
+            await self._serve(PolicyVersion(version=0, model="base"))
+            if current.version > 0:
+                await self._load(current)
+        return await self._load(new)
+
+    async def _load(self, version: PolicyVersion) -> float:
+        """Hot-load a version into every endpoint; the slowest load's seconds. A replica that
+        cannot be reached is taken out (evolve/serving/endpoints.py) and given the version on return."""
+        took = []
+        for url in self.server_urls:
+            try:
+                took.append(await load_adapter(url, version.model, version.adapter_path))
+            except httpx.TransportError as exc:
+                if self.unreachable is None:  # one endpoint: the caller's fault handling decides
+                    raise
+                self.unreachable(url, f"could not load {version.model}: {type(exc).__name__}")
+        if not took:
+            raise HookError(f"no policy endpoint could load {version.model} ({version.adapter_path})")
+        return max(took)
+
+    async def _unload(self, name: str) -> None:
+        for url in self.server_urls:
+            await unload_adapter(url, name)
+
+    async def rejoin(self, base_url: str) -> None:
+        """An endpoint back from an outage may have restarted: serve it the current version."""
+        current = self.db.policy_version()
+        if current.version > 0 and self.serve == "hot_load":
+            await load_adapter(base_url.rstrip("/").removesuffix("/v1"), current.model, current.adapter_path)
+
+    async def _serve(self, version: PolicyVersion) -> float:
+        """Restart the server on `version` merged into the weights (the base for v0), unless it
+        serves them already; seconds it took. One merged copy is kept on disk (the model's size)."""
+        from evolve.rl.trainer import merge_adapter
+
+        started = time.time()
+        if version.version == 0:  # v0 is recorded as "base": served under the model's own name
+            weights, name = self.base_dir, self.policy.model
+        else:
+            weights, name = self.merged / f"v{version.version}", version.model
+        if version.version > 0 and not (weights / "config.json").exists():
+            await asyncio.to_thread(merge_adapter, self.base_dir, Path(version.adapter_path), weights)
+        if (self.server.model_dir, self.server.served_name) != (weights, name):
+            await asyncio.to_thread(self.server.serve, weights, name)
+        for old in self.merged.glob("v*") if version.version > 0 else ():
+            if old != weights:
+                shutil.rmtree(old, ignore_errors=True)
+        return time.time() - started
+
+    async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion, why: str) -> None:
+        """The new version must not serve (the guard measured it worse, or the server does not
+        reproduce it): the trainer goes back to the state it had before the step, and the hook
+        waits for a step's worth of new groups."""
+        await self._unload(name)
+        await asyncio.to_thread(self.trainer.restore, self.saved)
+        shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
+        shutil.rmtree(self.merged / f"v{step.version}", ignore_errors=True)
+        self.held_since = time.time()
+        self.db.add(step)
+        self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: {why}",
+                  version=current.version, refused=step.version, published=False, why=why)
+
+    async def _served_check(self, client, name: str, group: Group) -> dict:
+        """The first call to a newly served version, against the trainer's log-probs of the
+        tokens it sampled. A server that serves another adapter (or none, or a stale merged
+        copy) moves them by far more than the kernels' bf16 noise."""
+        started, previous = time.time(), client.model
+        client.model = name
+        try:
+            sample = await client.sample(group.messages, 1, seed=self.train.seed, max_tokens=CHECK_TOKENS)
+        finally:
+            client.model = previous
+        ids, served = (sample.token_ids or [None])[0], (sample.logprobs or [None])[0]
+        prompt = sample.prompt_token_ids or group.prompt_token_ids
+        if not ids or served is None or prompt is None or len(served) != len(ids):
+            return {"ok": True, "tokens": 0, "seconds": time.time() - started}  # nothing to compare
+        trained = await asyncio.to_thread(self.trainer.logprobs, prompt, ids)
+        gaps = np.abs(np.array(served) - np.array(trained))
+        # top_p renormalises the nucleus: a sampled token's served log-prob may exceed the
+        # trainer's (which has no top_p) by up to -log(top_p).
+        slack = -math.log(self.policy.sampling.top_p)
+        check = {"mean": float(gaps.mean()), "max": float(gaps.max()), "tokens": len(gaps),
+                 "tolerance": {k: v + slack for k, v in SERVED_TOLERANCE.items()}}
+        check["ok"] = bool(check["mean"] <= check["tolerance"]["mean"] and check["max"] <= check["tolerance"]["max"])
+        check["seconds"] = time.time() - started
+        return check
+
+    @staticmethod
+    def _mismatch(check: dict) -> str:
+        return (f"the server does not reproduce the trained adapter: its log-probs of {check['tokens']} "
+                f"sampled tokens differ by {check['mean']:.3f} nats on average and {check['max']:.3f} at most "
+                f"(tolerance {check['tolerance']['mean']:.3f} / {check['tolerance']['max']:.3f}); a remote "
+                "vLLM must run with --logprobs-mode processed_logprobs")
+
+    def advantages(self, groups: list[Group], version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per group: (advantage per rollout, the algorithm's reward per rollout)."""
+        out_a, out_r = [], []
+        for g in groups:
+            matrices = [r.answers for r in g.rollouts]
+            if self.train.algorithm == "grpo":
+                # m = 1: the scalar reward of the rollout's answer (zero when it failed)
+                rewards = advantages.scalar_rewards([m[0] if len(m) else None for m in matrices],
+                                                    self.weights)
+                a = advantages.grpo(rewards)
+            else:
+                # Fresh Dirichlet weights per group and step, reproducible from the seeds.
+                rng = np.random.default_rng([self.train.seed, version, g.call_id])
+                a, rewards = advantages.vpo(matrices, self.train.dirichlet_k, self.train.dirichlet_alpha, rng)
+            out_a.append(np.asarray(a, dtype=float))
+            out_r.append(np.asarray(rewards, dtype=float))
+        return out_a, out_r
+
+    def _train(self, groups, adv, current: PolicyVersion) -> TrainingStep:
+        """Runs in a worker thread: no database access here."""
+        from evolve.rl.trainer import Trainer
+
+        if self.trainer is None:
+            adapter = Path(current.adapter_path) if current.adapter_path else None
+            self.trainer = Trainer(self.model_dir, self.train, self.policy.sampling.temperature, adapter)
+        started = time.time()
+        self.saved = self.trainer.checkpoint()  # the guard or the served check may refuse the step
+        stats = self.trainer.step([self.trainer.encode(g, a) for g, a in zip(groups, adv)], self.stop)
+        self.trainer.save(self.adapters / f"v{current.version + 1}")
+        return TrainingStep(algorithm=self.train.algorithm, rollouts=stats.rollouts, loss=stats.loss,
+                            kl=stats.kl, clip_fraction=stats.clip_fraction, train_s=time.time() - started,
+                            sampler_kl=stats.sampler_kl,
+                            peak_rss_mb=stats.peak_rss_mb, started_at=started)
+
+
+def serve_mode(setting: str, server) -> str:
+    """How published versions are served: `merge` needs the run's own embedded server; `auto`
+    merges where there is no GPU (a CPU server loses half its speed to a LoRA)."""
+    own = server is not None and not server.reused
+    if setting == "hot_load" or not own:
+        return "hot_load"
+    if setting == "merge":
+        return "merge"
+    import torch
+
+    return "hot_load" if torch.cuda.is_available() else "merge"
+
+
+def _sampler_kl(step: TrainingStep) -> str:
+    """The sampler-to-trainer KL for a log line, when the sampler's log-probs were served."""
+    return "" if step.sampler_kl is None else f"sampler KL {step.sampler_kl:.2e}, "
+
+
+def _served_line(step: TrainingStep) -> str:
+    check = step.served_check
+    return f", serves as trained (Δ log p {check['mean']:.3f} mean, {check['max']:.3f} max)" \
+        if check and check["tokens"] else ""
+
+
+def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir: Path,
+                  max_steps: int | None, emit: Callable[..., None]) -> list[TrainingStep]:
+    """`evolve train`: train on every completed group of a stored run, a step's worth at a time.
+
+    The run's own history is left as it is (its calls were made by its own policy versions):
+    the adapters and a metrics.jsonl go to `out_dir`, ready to be served by any vLLM.
+    """
+    from evolve.serving.models import model_path
+
+    hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
+    hook.adapters = Path(out_dir)
+    hook.guard = None  # offline: no server to measure on, every adapter is written
+    groups = complete_groups(db.session, db.run_id, hook.components, logprobs=True)
+    size = hook.groups_per_step()
+    batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
+    steps = []
+    with open(Path(out_dir) / "metrics.jsonl", "a") as log:
+        for version, batch in enumerate(batches[:max_steps], start=1):
+            adv, rewards = hook.advantages(batch, version)
+            previous = PolicyVersion(version=version - 1, adapter_path=None)
+            step = hook._train(batch, adv, previous)
+            step.version, step.groups = version, len(batch)
+            step.reward_mean = float(np.mean(np.concatenate(rewards)))
+            step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
+            row = {k: getattr(step, k) for k in ("version", "algorithm", "groups", "rollouts", "loss", "kl",
+                                                 "sampler_kl", "clip_fraction", "mean_abs_advantage",
+                                                 "reward_mean", "train_s", "peak_rss_mb")}
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            emit("training", f"step {version}/{len(batches[:max_steps])}: loss {step.loss:+.4f}, "
+                 f"KL {step.kl:.2e}, {_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, "
+                 f"{step.train_s:.1f} s, "
+                 f"peak RSS {step.peak_rss_mb:.0f} MB -> {hook.adapters / f'v{version}'}", **row)
+            steps.append(step)
+    return steps

@@ -1,0 +1,101 @@
+"""Training data from the archive: each LLM call is a group, each completion a rollout whose
+answers are linked to child programs and their reward vectors (DESIGN §7).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, undefer
+
+from evolve.store.schema import Completion, LLMCall, Program
+
+
+@dataclass
+class Rollout:
+    completion_id: int
+    text: str
+    token_ids: list[int] | None  # as served by vLLM; None: re-tokenise the text
+    finish_reason: str | None
+    answers: np.ndarray  # (m_g, k): one reward vector per parsed answer; failures are zeros
+    valid: np.ndarray | None = None  # (m_g,) bool: the answer applied and its child scored
+    logprobs: list[float] | None = None  # the sampler's, per token of token_ids (vLLM only)
+
+
+@dataclass
+class Group:
+    call_id: int
+    policy_version: int
+    messages: list[dict]
+    prompt_token_ids: list[int] | None
+    rollouts: list[Rollout]
+
+
+def reward_vector(program: Program, components: list[str]) -> np.ndarray:
+    """An answer's reward: its normalised fitness if it ran and scored, else the zero vector.
+
+    An answer that found nothing new (outcome `same`: its parent's outputs, or a copy of a
+    stored program such as an inspiration) earns nothing: copying is not progress."""
+    if program.status != "ok" or not program.fitness or program.outcome == "same":
+        return np.zeros(len(components))
+    return np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
+
+
+def complete_groups(session: Session, run_id: int, components: list[str],
+                    version: int | None = None, limit: int | None = None,
+                    logprobs: bool = False) -> list[Group]:
+    """Groups (oldest first) whose every answer has been evaluated; only `version`'s if given.
+
+    A group with a child still pending is not complete: its rewards are not known yet.
+    `logprobs`: also the sampler's token log-probs (for training; a run of an older schema,
+    read by the views, has none).
+    """
+    query = select(LLMCall).where(LLMCall.run_id == run_id, LLMCall.error.is_(None))
+    if version is not None:
+        query = query.where(LLMCall.policy_version == version)
+    calls = session.scalars(query.order_by(LLMCall.id)).all()
+    if not calls:
+        return []
+    query = select(Completion).where(Completion.call_id.in_([c.id for c in calls]))
+    if logprobs:
+        query = query.options(undefer(Completion.logprobs))
+    completions = session.scalars(query.order_by(Completion.call_id, Completion.index)).all()
+    children = session.scalars(select(Program).where(
+        Program.completion_id.in_([c.id for c in completions])).order_by(Program.answer_index)).all()
+    by_completion: dict[int, list[Program]] = {}
+    for child in children:
+        by_completion.setdefault(child.completion_id, []).append(child)
+    by_call: dict[int, list[Completion]] = {}
+    for completion in completions:
+        by_call.setdefault(completion.call_id, []).append(completion)
+    groups = []
+    for call in calls:
+        group = _group(call, by_call.get(call.id, []), by_completion, components, logprobs)
+        if group is not None:
+            groups.append(group)
+            if limit is not None and len(groups) >= limit:
+                break
+    return groups
+
+
+def count_complete(session: Session, run_id: int, components: list[str], version: int) -> int:
+    return len(complete_groups(session, run_id, components, version))
+
+
+def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int, list[Program]],
+           components: list[str], logprobs: bool) -> Group | None:
+    if not completions:
+        return None
+    rollouts = []
+    for completion in completions:
+        answers = by_completion.get(completion.id, [])
+        if any(a.status == "pending" for a in answers):
+            return None
+        matrix = np.array([reward_vector(a, components) for a in answers]).reshape(len(answers), len(components))
+        rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
+                                completion.finish_reason, matrix,
+                                np.array([a.status == "ok" for a in answers], dtype=bool),
+                                completion.logprobs if logprobs else None))
+    return Group(call.id, call.policy_version, json.loads(call.prompt), call.prompt_token_ids, rollouts)

@@ -1,0 +1,128 @@
+"""Wires one run together: config, database, policy server, sandbox, controller."""
+from __future__ import annotations
+
+import asyncio
+import signal
+from contextlib import ExitStack
+from pathlib import Path
+
+from evolve.config import Policy, Problem, load_policy, problem_snapshot, run_problem
+from evolve.events import Event, EventLog, print_sink
+from evolve.faults import DATABASE_AWAY, wait_for_database
+from evolve.judge.evaluator import Evaluator
+from evolve.search.controller import Controller
+from evolve.serving.client import PolicyClient, Sampler
+from evolve.serving.endpoints import EndpointPool
+from evolve.serving.link import PolicyLink
+from evolve.serving.server import start_policy_server
+from evolve.store.database import ProgramDatabase
+
+
+def open_database(spec: dict, problem: Problem, policy: Policy, run_dir: Path) -> ProgramDatabase:
+    return ProgramDatabase.open(
+        spec["db_url"], run_name=spec["run_name"],
+        problem_yaml=problem_snapshot(problem), policy_yaml=Path(spec["policy"]).read_text(),
+        seed=spec["seed"], axes=problem.descriptors, search=problem.search, problem_name=problem.name)
+
+
+def run_search(run_dir: Path, spec: dict, screen=None, server: tuple | None = None) -> str:
+    """One run to its budget (or an interrupt, or a fault); `server` = start_policy_server's
+    answer for a running policy server to share (`evolve suite`), instead of starting one;
+    `screen(run_dir, spec)`: a live view that takes the events (the CLI's dashboard on a terminal).
+
+    A database server that goes away stops the session; once it answers again the run resumes
+    here, as `evolve resume` would (the policy server keeps running)."""
+    problem = run_problem(spec)
+    policy = load_policy(spec["policy"])
+    budget = problem.budget.model_copy(update=spec.get("budget", {}))
+    with ExitStack() as stack:
+        # on a terminal the live screen shows the events instead of log lines
+        sink = print_sink if screen is None else stack.enter_context(screen(run_dir, spec))
+        report = stack.enter_context(EventLog(run_dir, sink))
+        db = open_database(spec, problem, policy, run_dir)
+        stack.callback(lambda: db.close())  # whichever database the last session opened
+        report(Event("run", f"run {run_dir} | problem {problem.name} | policy {policy.name} "
+                     f"({policy.model}) | seed {spec['seed']} | budget {budget.max_evaluations} "
+                     "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
+                                     "policy": policy.name, "seed": spec["seed"],
+                                     "budget": budget.max_evaluations}))
+        endpoint = None
+        if problem.search.llm:  # a tuning-only search needs no policy server
+            endpoint = server or start_policy_server(policy, run_dir, spec["seed"], stack)
+        while True:
+            reason = _session(run_dir, problem, policy, budget, spec["seed"], db, report, endpoint,
+                              shared=server is not None)
+            if not reason.startswith(DATABASE_AWAY):
+                return reason
+            db.close()
+            if not wait_for_database(spec["db_url"], report):
+                return reason
+            report(Event("resume", "resuming the run on the database that is back", {}))
+            db = open_database(spec, problem, policy, run_dir)
+
+
+def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int, db: ProgramDatabase,
+             report, endpoint: tuple | None, shared: bool) -> str:
+    """One session of the run on an open database: the policy client, the RL hook, the
+    sandbox and the controller, to a stop reason."""
+    with ExitStack() as stack:
+        client = hook = None
+        if endpoint is not None:
+            base_url, model, vllm = endpoint
+            urls = [base_url] if policy.server.embedded else policy.server.endpoints()
+            raw = PolicyClient(policy, base_url, model) if len(urls) == 1 else \
+                EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report)
+            client = PolicyLink(raw, report, vllm)
+            # a server shared with other runs (`evolve suite`) is never restarted on merged weights
+            hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report,
+                                           None if shared else vllm, replicas=urls[1:])
+            if hook is not None and isinstance(raw, EndpointPool):  # each endpoint serves each version
+                raw.rejoin, hook.unreachable = hook.rejoin, raw.take_out
+        evaluator = Evaluator(problem, report=report)
+        stack.callback(evaluator.sandbox.close)
+        warning = getattr(evaluator.sandbox, "warning", "")  # the process backend: not a jail
+        report(Event("sandbox", f"sandbox: {evaluator.sandbox.backend}" + (f" ({warning})" if warning else ""),
+                     {"backend": evaluator.sandbox.backend, "warning": warning}))
+        controller = Controller(problem, policy, db, evaluator, client, budget, seed, report, hook)
+        return asyncio.run(_run(controller, client))
+
+
+def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,
+              report, server=None, replicas: list[str] | None = None):
+    """The RL hook when the policy trains; None for a frozen mutator."""
+    if policy.train is None:
+        return None
+    from evolve.rl.hook import RLHook
+    from evolve.serving.models import model_path
+
+    def emit(kind: str, message: str, **fields) -> None:
+        report(Event(kind, message, fields))
+
+    server_url = base_url.removesuffix("/").removesuffix("/v1")
+    return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed(),
+                  server=server, replicas=[u.removesuffix("/").removesuffix("/v1") for u in replicas or []])
+
+
+async def _run(controller: Controller, client: Sampler | None) -> str:
+    # SIGTERM stops a run the way Ctrl-C does: the controller is cancelled, in-flight work is
+    # abandoned (children stay pending for the resume), and the ExitStack stops the server
+    # and the sandbox containers.
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # called from a coroutine
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await controller.run()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        terminate_as_interrupt()
+        if client is not None:
+            await client.close()
+
+
+def terminate_as_interrupt() -> None:
+    """Outside the event loop (e.g. while the server starts), SIGTERM raises KeyboardInterrupt,
+    so the same cleanup runs as for Ctrl-C."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)

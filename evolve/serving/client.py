@@ -1,0 +1,88 @@
+"""The policy's client: one OpenAI-compatible call samples a group of answers (the embedded
+vLLM, a GPU vLLM, or a hosted API)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from openai import AsyncOpenAI
+
+from evolve.config import Policy
+from evolve.mutation.versions import STOP
+
+
+@dataclass
+class Sample:
+    texts: list[str]
+    finish_reasons: list[str | None]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    started_at: float
+    latency_s: float
+    token_ids: list[list[int] | None] | None = None  # per choice, as served (vLLM only)
+    prompt_token_ids: list[int] | None = None
+    logprobs: list[list[float] | None] | None = None  # per choice, the sampler's (training only)
+
+
+class Sampler(Protocol):
+    """What the search and the RL hook ask of the policy: one client, several endpoints
+    (EndpointPool), or either made patient (PolicyLink)."""
+    model: str  # the served name requests go to: the base model or an adapter
+
+    async def sample(self, messages: list[dict], n: int, seed: int | None = None,
+                     max_tokens: int | None = None) -> Sample: ...
+
+    async def close(self) -> None: ...
+
+
+class PolicyClient:
+    """Async OpenAI-compatible client; one call samples a whole group with `n`."""
+
+    def __init__(self, policy: Policy, base_url: str, model: str):
+        self.policy = policy
+        self.model = model  # the served name requests go to: the base model or an adapter
+        self.is_vllm = policy.server.embedded or policy.train is not None
+        key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
+        # No silent retries in the SDK: evolve.serving.link.PolicyLink retries, says so, and restarts
+        # the embedded server when it is gone.
+        self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0,
+                                  timeout=policy.server.request_timeout_s)
+
+    async def sample(self, messages: list[dict], n: int, seed: int | None = None,
+                     max_tokens: int | None = None) -> Sample:
+        s = self.policy.sampling
+        extra: dict = {"seed": seed} if (s.seed_requests and seed is not None) else {}
+        # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
+        # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
+        body: dict = {"return_token_ids": True} if self.is_vllm else {}
+        if self.is_vllm and self.policy.train is not None:
+            body["logprobs"] = True  # q(token) of every sampled token: the trainer's IS weights
+        if messages[-1]["role"] == "assistant":
+            # A prefix to continue (the `complete` format): vLLM's continue_final_message, and
+            # the answer ends with the function it completes.
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
+            extra["stop"] = STOP
+        started = time.time()
+        resp = await self.client.chat.completions.create(
+            model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
+            max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra)
+        choices = sorted(resp.choices, key=lambda c: c.index)
+        usage = resp.usage
+        return Sample(texts=[c.message.content or "" for c in choices],
+                      finish_reasons=[c.finish_reason for c in choices],
+                      prompt_tokens=usage.prompt_tokens if usage else None,
+                      completion_tokens=usage.completion_tokens if usage else None,
+                      started_at=started, latency_s=time.time() - started,
+                      token_ids=[getattr(c, "token_ids", None) for c in choices],
+                      prompt_token_ids=getattr(resp, "prompt_token_ids", None),
+                      logprobs=[_logprobs(c) for c in choices])
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _logprobs(choice) -> list[float] | None:
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    return None if content is None else [float(t.logprob) for t in content]

@@ -1,0 +1,445 @@
+"""The program database: every candidate, split into islands of MAP-Elites grids.
+
+Ask/tell, in the manner of pyribs: `ask(island)` samples a parent and inspirations,
+`tell(...)` stores a child (whatever became of it) and lets it compete for its cell.
+The database rows are the truth; the in-memory `IslandIndex`es are a cache rebuilt on
+open, so that sampling and inserting stay O(1)-ish at 100k stored programs.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import create_engine, event, func, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from evolve.config import Descriptor, Search
+from evolve.mutation.code import normalise
+from evolve.store.schema import (
+    Cell,
+    Evaluation,
+    Island,
+    LLMCall,
+    PolicyVersion,
+    Program,
+    Run,
+    Tuning,
+)
+
+# db/ at the top of the repository, shipped as package data through this link
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+EVALUATED = ("ok", "invalid", "error", "timeout")
+# How long a write waits for another process's lock (a reader's checkpoint, a sqlite3 shell
+# holding a transaction) before the run stops with "database is locked" (resumable).
+BUSY_TIMEOUT_S = 30.0
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def connect(url: str) -> Engine:
+    """An engine for any SQLAlchemy URL; SQLite gets WAL so a dashboard can read while we write.
+    A server database's pooled connections are pinged before use: after a server restart a
+    stale one is replaced instead of failing the run."""
+    sqlite = url.startswith("sqlite")
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {},
+                           pool_pre_ping=not sqlite)
+    if engine.dialect.name == "sqlite":
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; WAL keeps it consistent
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+    return engine
+
+
+class SchemaError(Exception):
+    """The database was written by a newer evolve: upgrading it here could lose data."""
+
+
+class RunInUse(Exception):
+    """Another process writes this run: on a shared server database, one writer per run."""
+
+
+# PostgreSQL advisory locks of evolve: (LOCKS, 0) serialises migrations, (LOCKS, run id) is
+# held by the one process that writes that run. SQLite's file lock does both by itself.
+LOCKS = 0x65766F  # "evo"
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (creating it on an empty database)."""
+    cfg = _alembic_config()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two runs starting on an empty database at once
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k, 0)"), {"k": LOCKS})
+        _refuse_newer(conn, ScriptDirectory.from_config(cfg))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+def refuse_newer_schema(url: str) -> None:
+    """SchemaError for a database from a newer evolve, found without writing to it."""
+    from evolve.rundir import InspectError
+    from evolve.store.connection import readonly_engine
+
+    try:
+        engine = readonly_engine(url)
+    except InspectError:
+        return  # no database yet
+    try:
+        with engine.connect() as conn:
+            _refuse_newer(conn, ScriptDirectory.from_config(_alembic_config()))
+    finally:
+        engine.dispose()
+
+
+def _alembic_config() -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def _refuse_newer(conn, scripts: ScriptDirectory) -> None:
+    current = MigrationContext.configure(conn).get_current_revision()
+    if current is None:
+        return
+    try:
+        scripts.get_revision(current)
+    except CommandError:
+        raise SchemaError(f"the database {conn.engine.url.render_as_string(hide_password=True)} is at "
+                          f"schema revision {current}, written by a newer evolve (this one knows up to "
+                          f"{scripts.get_current_head()}); upgrade evolve, the run's data is untouched") from None
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(normalise(code).encode()).hexdigest()
+
+
+def cell_of(descriptors: dict[str, float], axes: list[Descriptor]) -> str | None:
+    """Uniform bins per axis; values outside [low, high] go to the edge bins."""
+    idx = []
+    for ax in axes:
+        value = descriptors.get(ax.name)
+        if value is None or not math.isfinite(value):
+            return None
+        pos = int((value - ax.low) / (ax.high - ax.low) * ax.bins)
+        idx.append(min(max(pos, 0), ax.bins - 1))
+    return ",".join(map(str, idx))
+
+
+@dataclass
+class IslandIndex:
+    """What sampling needs of one island, kept in memory."""
+    members: list[int] = field(default_factory=list)  # ok programs, for exploration
+    elites: dict[str, tuple[int, float]] = field(default_factory=dict)  # cell -> (id, objective)
+    top: list[tuple[float, int]] = field(default_factory=list)  # best few, descending
+    generation: int = 0
+    last_migration: int = 0
+
+    TOP_KEEP = 16
+
+    def add(self, pid: int, objective: float) -> None:
+        self.members.append(pid)
+        if len(self.top) < self.TOP_KEEP or objective > self.top[-1][0]:
+            self.top.append((objective, pid))
+            self.top.sort(key=lambda t: (-t[0], t[1]))
+            del self.top[self.TOP_KEEP:]
+
+    def offer(self, cell: str, pid: int, objective: float) -> bool:
+        """A child takes a cell only with a strictly higher objective."""
+        held = self.elites.get(cell)
+        if held is not None and objective <= held[1]:
+            return False
+        self.elites[cell] = (pid, objective)
+        return True
+
+    def best(self) -> tuple[float, int] | None:
+        return self.top[0] if self.top else None
+
+
+@dataclass
+class Ask:
+    island: int
+    parent: Program
+    inspirations: list[Program]
+    how: str  # exploit | explore | migrate
+
+
+def _claim_run(engine: Engine, run_id: int, run_name: str):
+    """On PostgreSQL, a connection holding the run's writer lock (None elsewhere). A second
+    writer, from any host, is refused; the server drops the lock when its holder dies."""
+    if engine.dialect.name != "postgresql":
+        return None
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    if not conn.execute(text("SELECT pg_try_advisory_lock(:k, :run)"), {"k": LOCKS, "run": run_id}).scalar():
+        conn.close()
+        raise RunInUse(f"run {run_name!r} (id {run_id}) in {engine.url.render_as_string(hide_password=True)} "
+                       "is being written by another process; one process writes a run")
+    return conn
+
+
+class ProgramDatabase:
+    def __init__(self, engine: Engine, run_id: int, axes: list[Descriptor], search: Search):
+        self.engine = engine
+        self.session = Session(engine, expire_on_commit=False)
+        self.run_id = run_id
+        self.axes = axes
+        self.search = search
+        self.islands = [IslandIndex() for _ in range(search.islands)]
+        self._batch = 0  # > 0: inside batch(), commits wait for its end
+        self.writer = None  # PostgreSQL: the connection that holds the run's writer lock
+        self._load()
+
+    # ---- opening -------------------------------------------------------------------
+    @classmethod
+    def open(cls, url: str, run_name: str, problem_yaml: str, policy_yaml: str, seed: int,
+             axes: list[Descriptor], search: Search, problem_name: str) -> "ProgramDatabase":
+        """Open (migrating) the database and its run, creating the run on first use."""
+        refuse_newer_schema(url)  # before connect(): switching to WAL is already a write
+        engine = connect(url)
+        migrate(engine)
+        with Session(engine) as s:
+            run = s.scalars(select(Run).where(Run.name == run_name)).first()
+            if run is None:
+                run = Run(name=run_name, problem=problem_name, problem_yaml=problem_yaml,
+                          policy_yaml=policy_yaml, seed=seed)
+                s.add(run)
+                s.flush()
+                s.add_all(Island(run_id=run.id, island=i, generation=0, last_migration=0)
+                          for i in range(search.islands))
+                s.add(PolicyVersion(run_id=run.id, version=0, model="base"))
+                s.commit()
+            run_id = run.id
+        writer = _claim_run(engine, run_id, run_name)
+        db = cls(engine, run_id, axes, search)
+        db.writer = writer
+        return db
+
+    def _load(self) -> None:
+        rows = self.session.execute(
+            select(Program.id, Program.island, Program.objective)
+            .where(Program.run_id == self.run_id, Program.status == "ok")
+            .order_by(Program.id))
+        for pid, island, objective in rows:
+            self.islands[island].add(pid, objective)
+        for c in self.session.scalars(select(Cell).where(Cell.run_id == self.run_id)):
+            self.islands[c.island].elites[c.cell] = (c.program_id, c.objective)
+        for isl in self.session.scalars(select(Island).where(Island.run_id == self.run_id)):
+            self.islands[isl.island].generation = isl.generation
+            self.islands[isl.island].last_migration = isl.last_migration
+
+    @contextmanager
+    def batch(self):
+        """One transaction for several stores: a kill leaves all of them or none."""
+        self._batch += 1
+        try:
+            yield
+        except BaseException:
+            self._batch -= 1
+            if not self._batch:
+                self.session.rollback()
+            raise
+        self._batch -= 1
+        self._commit()
+
+    def _commit(self) -> None:
+        if not self._batch:
+            self.session.commit()
+
+    def close(self) -> None:
+        self.session.close()
+        if self.writer is not None:  # the run's advisory lock goes with its connection
+            self.writer.close()
+            self.writer = None
+        self.engine.dispose()
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        return self.session.get(Run, self.run_id)
+
+    def get(self, pid: int) -> Program:
+        return self.session.get(Program, pid)
+
+    def count(self, *statuses: str) -> int:
+        q = select(func.count(Program.id)).where(Program.run_id == self.run_id)
+        if statuses:
+            q = q.where(Program.status.in_(statuses))
+        return self.session.scalar(q)
+
+    def evaluations_done(self) -> int:
+        """The budget counts candidates that really ran: LLM children (failed mutations and
+        duplicates are free) and every trial of every tuning (its best trial is the tuned child)."""
+        children = self.session.scalar(
+            select(func.count(Program.id)).where(
+                Program.run_id == self.run_id, Program.origin == "mutation",
+                Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
+        trials = self.session.scalar(select(func.sum(Tuning.trials)).where(Tuning.run_id == self.run_id))
+        return children + (trials or 0)
+
+    def llm_calls_done(self) -> int:
+        """Calls that count: an interrupted call is redone on resume, with the same seed."""
+        return self.session.scalar(select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.run_id, LLMCall.error.is_distinct_from("cancelled")))
+
+    def best(self) -> Program | None:
+        return self.session.scalars(
+            select(Program).where(Program.run_id == self.run_id, Program.status == "ok")
+            .order_by(Program.objective.desc(), Program.id).limit(1)).first()
+
+    def seed(self, island: int) -> Program:
+        return self.session.scalars(select(Program).where(
+            Program.run_id == self.run_id, Program.island == island, Program.origin == "seed")).first()
+
+    def find_duplicate(self, code: str) -> Program | None:
+        return self.session.scalars(
+            select(Program).where(Program.run_id == self.run_id, Program.code_hash == code_hash(code),
+                                  Program.status.in_(EVALUATED)).order_by(Program.id).limit(1)).first()
+
+    def run_seed(self) -> int:
+        return self.session.get(Run, self.run_id).seed
+
+    def policy_version(self) -> PolicyVersion:
+        return self.session.scalars(
+            select(PolicyVersion).where(PolicyVersion.run_id == self.run_id)
+            .order_by(PolicyVersion.version.desc()).limit(1)).first()
+
+    # ---- ask -----------------------------------------------------------------------
+    def ask(self, island: int, rng: np.random.Generator) -> Ask:
+        """Parent by the YAML's exploit/explore/migrate ratios, plus top and diverse inspirations.
+
+        With `parents: seed` every ask is the island's seed and nothing else: independent
+        sampling, the baseline that evolution must beat."""
+        idx = self.islands[island]
+        s = self.search
+        if s.parents == "seed":
+            return Ask(island, self.seed(island), [], "seed")
+        r = rng.random()
+        if r < s.exploit_ratio:
+            how, pool = "exploit", [pid for pid, _ in idx.elites.values()]
+        elif r < s.exploit_ratio + s.explore_ratio:
+            how, pool = "explore", idx.members
+        else:
+            how = "migrate"
+            pool = [pid for j, other in enumerate(self.islands) if j != island
+                    for pid, _ in other.elites.values()]
+        if not pool:  # e.g. a fresh island: fall back to its best
+            how, pool = how + "-fallback", [pid for _, pid in idx.top[:1]]
+        parent_id = pool[int(rng.integers(len(pool)))]
+        return Ask(island, self.get(parent_id), self._inspirations(idx, parent_id, rng), how)
+
+    def _inspirations(self, idx: IslandIndex, parent_id: int, rng) -> list[Program]:
+        top = [pid for _, pid in idx.top if pid != parent_id][: self.search.top_inspirations]
+        others = [pid for pid, _ in idx.elites.values() if pid != parent_id and pid not in top]
+        k = min(self.search.diverse_inspirations, len(others))
+        diverse = [others[i] for i in rng.choice(len(others), size=k, replace=False)] if k else []
+        return [self.get(pid) for pid in top + diverse]
+
+    # ---- tell ----------------------------------------------------------------------
+    def tell(self, program: Program, evaluation: Evaluation | None = None) -> bool:
+        """Store a child (any status) and let an ok one compete for its cell; True if it took it."""
+        program.run_id = self.run_id
+        if program.code is not None and program.code_hash is None:
+            program.code_hash = code_hash(program.code)
+        self.session.add(program)
+        self.session.flush()  # assigns the id the cell and the evaluation point to
+        return self.tell_result(program, evaluation)
+
+    def tell_result(self, program: Program, evaluation: Evaluation | None = None) -> bool:
+        """Record the evaluation of a stored (pending) child and let it compete for its cell."""
+        if program.status == "ok" and program.descriptors is not None:
+            program.cell = cell_of(program.descriptors, self.axes)
+        if program.status in EVALUATED and program.parent_id is not None and program.origin != "migration":
+            program.outcome = "same" if program.duplicate_of is not None else \
+                outcome(program, self.get(program.parent_id))
+        if evaluation is not None:
+            evaluation.program_id = program.id
+            self.session.add(evaluation)
+        placed = self._place(program)
+        self._commit()
+        return placed
+
+    def _place(self, program: Program) -> bool:
+        if program.status != "ok":
+            return False
+        idx = self.islands[program.island]
+        idx.add(program.id, program.objective)
+        if program.cell is None or not idx.offer(program.cell, program.id, program.objective):
+            return False
+        self.session.merge(Cell(run_id=self.run_id, island=program.island, cell=program.cell,
+                                program_id=program.id, objective=program.objective))
+        return True
+
+    def add_seed(self, program: Program) -> list[Program]:
+        """The evaluated seed starts every island (one row per island, so lineages stay per island)."""
+        copies = []
+        for island in range(len(self.islands)):
+            copy = _clone(program, island=island, origin="seed", parent_id=None)
+            self.tell(copy)
+            copies.append(copy)
+        return copies
+
+    def add_call(self, call: LLMCall) -> LLMCall:
+        call.run_id = self.run_id
+        self.session.add(call)
+        self.session.flush()  # its id, for the completions
+        self._commit()
+        return call
+
+    def add(self, *rows) -> None:
+        self.session.add_all(rows)
+        self.session.flush()
+        self._commit()
+
+    # ---- generations and migration -------------------------------------------------------
+    def advance(self, island: int) -> Program | None:
+        """Count one generation on the island; every `migration_every` its best moves to the next
+        island of the ring (a copy: no re-evaluation). Returns the migrant, if any."""
+        idx = self.islands[island]
+        idx.generation += 1
+        migrant = None
+        with self.batch():  # the migrant and the island's counters together
+            if len(self.islands) > 1 and idx.generation - idx.last_migration >= self.search.migration_every:
+                idx.last_migration = idx.generation
+                best = idx.best()
+                if best is not None:
+                    target = (island + 1) % len(self.islands)
+                    migrant = _clone(self.get(best[1]), island=target, origin="migration", parent_id=best[1])
+                    self.tell(migrant)
+            row = self.session.get(Island, (self.run_id, island))
+            row.generation, row.last_migration = idx.generation, idx.last_migration
+        return migrant
+
+
+def outcome(child: Program, parent: Program) -> str:
+    """better: a higher objective than the parent; same: the parent's very outputs (its raw
+    scores), which is no progress whatever the code says; worse: anything else. (A duplicate
+    of any stored program is `same` too: it found nothing new.)"""
+    if child.status != "ok":
+        return "worse"
+    if parent.status == "ok" and child.raw == parent.raw and child.descriptors == parent.descriptors:
+        return "same"
+    if parent.status != "ok" or child.objective > parent.objective:
+        return "better"
+    return "worse"
+
+
+def _clone(p: Program, **changes) -> Program:
+    fields = dict(code=p.code, code_hash=p.code_hash, status=p.status, error=p.error, fitness=p.fitness,
+                  raw=p.raw, objective=p.objective, headline=p.headline, descriptors=p.descriptors,
+                  generation=p.generation, island=p.island)
+    fields.update(changes)
+    return Program(**fields)
