@@ -1,5 +1,5 @@
 """Controller pieces that need no server."""
-from evolve.search.controller import request_seed
+from evolve.mutation.pipeline import request_seed
 
 
 def test_request_seeds_never_overlap_across_a_group():

@@ -45,7 +45,7 @@ def test_groups_link_answers_to_reward_vectors(tmp_path):
     db = open_db(tmp_path)
     add_group(db, [[("ok", {"x": 0.5, "y": 0.25})], [("invalid", {"x": 0.9, "y": 0.9})],
                    [("mutation_failed", None)], []])
-    (group,) = complete_groups(db.session, db.run_id, COMPONENTS)
+    (group,) = complete_groups(db.rollout_rows(), COMPONENTS)
     assert group.prompt_token_ids == [1, 2] and group.messages[0]["content"] == "hi"
     assert [r.token_ids for r in group.rollouts] == [[5, 6]] * 4
     assert np.array_equal(group.rollouts[0].answers, [[0.5, 0.25]])
@@ -61,9 +61,9 @@ def test_pending_errors_and_other_versions_are_not_training_data(tmp_path):
     add_group(db, [[("ok", {"x": 1, "y": 0})]], error="cancelled")
     done = add_group(db, [[("ok", {"x": 1, "y": 0})], [("error", None)]])
     newer = add_group(db, [[("ok", {"x": 0, "y": 1})]], version=1)
-    assert [g.call_id for g in complete_groups(db.session, db.run_id, COMPONENTS, 0)] == [done.id]
-    assert [g.call_id for g in complete_groups(db.session, db.run_id, COMPONENTS, 1)] == [newer.id]
-    assert len(complete_groups(db.session, db.run_id, COMPONENTS)) == 2
+    assert [g.call_id for g in complete_groups(db.rollout_rows(0), COMPONENTS)] == [done.id]
+    assert [g.call_id for g in complete_groups(db.rollout_rows(1), COMPONENTS)] == [newer.id]
+    assert len(complete_groups(db.rollout_rows(), COMPONENTS)) == 2
 
 
 def _hook(tmp_path, db, algorithm: str, groups=2, emit=lambda *a, **k: None) -> RLHook:
@@ -95,7 +95,7 @@ def test_grpo_and_vpo_advantages_from_the_archive(tmp_path):
     db = open_db(tmp_path)
     add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("ok", {"x": 0.0, "y": 0.5})], [("invalid", None)],
                    [("ok", {"x": 1.0, "y": 0.0})]])
-    groups = complete_groups(db.session, db.run_id, COMPONENTS)
+    groups = complete_groups(db.rollout_rows(), COMPONENTS)
     adv, rewards = _hook(tmp_path, db, "grpo").advantages(groups, 1)
     assert np.allclose(rewards[0], [0.5, 0.25, 0.0, 0.5])  # uniform weights . reward vector
     s = np.array([0.5, 0.25, 0.0, 0.5])
@@ -112,7 +112,7 @@ def test_grpo_and_vpo_advantages_from_the_archive(tmp_path):
 def test_training_draws_follow_the_run_seed_unless_the_policy_fixes_one(tmp_path):
     db = open_db(tmp_path)
     add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("ok", {"x": 0.0, "y": 0.5})], [("invalid", None)]])
-    groups = complete_groups(db.session, db.run_id, COMPONENTS)
+    groups = complete_groups(db.rollout_rows(), COMPONENTS)
     vpo = _hook(tmp_path, db, "vpo")
     assert vpo.policy.train.seed is None and vpo.train.seed == db.run_seed()
     other = RLHook(vpo.policy, PROBLEM, db, tmp_path, tmp_path, "", lambda *a, **k: None, run_seed=7)
@@ -174,7 +174,7 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     db = open_db(tmp_path)
     hook = _hook(tmp_path, db, "grpo")
     add_group(db, [[("ok", {"x": 1, "y": 0})]])
-    (group,) = complete_groups(db.session, db.run_id, COMPONENTS)
+    (group,) = complete_groups(db.rollout_rows(), COMPONENTS)
     trained = [-0.5, -1.0, -2.0]
     hook.trainer = SimpleNamespace(logprobs=lambda prompt, ids: trained if prompt == [1, 2] else None)
 

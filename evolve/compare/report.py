@@ -40,7 +40,7 @@ from evolve.config import load_policy, load_problem
 from evolve.rl.rollouts import complete_groups
 from evolve.rundir import RunDir
 from evolve.store.connection import readonly_engine
-from evolve.store.database import EVALUATED
+from evolve.store.database import EVALUATED, rollout_rows
 from evolve.store.schema import (
     Cell,
     Evaluation,
@@ -173,7 +173,7 @@ def _diversity(s: Session, run_id: int, problem) -> list[dict]:
     (failed answers are all alike: counting them would make failing look diverse)."""
     components = [c.name for c in problem.components]
     out = []
-    for i, group in enumerate(complete_groups(s, run_id, components)):
+    for i, group in enumerate(complete_groups(rollout_rows(s, run_id), components)):
         valid = [r.answers[r.valid] for r in group.rollouts if len(r.answers)]
         answers = sum(len(r.answers) for r in group.rollouts)
         vectors = np.vstack(valid or [np.zeros((0, len(components)))])

@@ -3,6 +3,8 @@ formats it asks for, and the child an answer makes of the parent."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Protocol
 
 from evolve.config import Policy, Problem
 from evolve.mutation.code import apply_answer, evolve_block, outline
@@ -82,7 +84,30 @@ def example_turns(m: int, fmt: str = "diff") -> list[dict]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
-def scores_line(program, problem: Problem) -> str:
+class Shown(Protocol):
+    """What a prompt shows of a program: a stored Program, or a held-out parent's record."""
+    code: str
+    status: str
+    objective: float | None
+    headline: float | None
+    fitness: dict | None
+
+
+@dataclass(frozen=True)
+class ProgramText:
+    """A program known by its record only (held-out parents and their inspirations)."""
+    code: str
+    status: str
+    objective: float | None
+    headline: float | None
+    fitness: dict | None
+
+    @classmethod
+    def of(cls, record: dict) -> "ProgramText":
+        return cls(record["code"], record["status"], record["objective"], record["headline"], record["fitness"])
+
+
+def scores_line(program: Shown, problem: Problem) -> str:
     """What the model is told about a program: its status, headline and vector fitness."""
     if program.status != "ok":
         return f"status {program.status}"

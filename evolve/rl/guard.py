@@ -19,14 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from sqlalchemy import select
 
 from evolve.config import Guard as GuardSettings
 from evolve.config import Policy, Problem
 from evolve.mutation.prompt import answer_format
 from evolve.rl.heldout import sample_answers, score_answers
 from evolve.store.database import ProgramDatabase
-from evolve.store.schema import Cell, LLMCall, Program
 
 SALT = 0x6A4D  # the guard's parents and request seeds: apart from the run's and compare's
 
@@ -48,12 +46,7 @@ class Guard:
 
     def choose_parents(self) -> list[dict]:
         """Elites of the archive that no training call had as its parent; never the seed."""
-        s, rid = self.db.session, self.db.run_id
-        used = select(LLMCall.parent_id).where(LLMCall.run_id == rid)
-        seeds = select(Program.code_hash).where(Program.run_id == rid, Program.origin == "seed")
-        pool = s.scalars(select(Program).join(Cell, Cell.program_id == Program.id)
-                         .where(Program.run_id == rid, Program.origin != "seed", Program.id.not_in(used),
-                                Program.code_hash.not_in(seeds)).order_by(Program.id)).all()
+        pool = self.db.unasked_elites()
         rng = np.random.default_rng([self.db.run_seed(), SALT])
         picked = sorted(rng.choice(len(pool), size=min(self.settings.parents, len(pool)), replace=False))
         return [{"id": pool[i].id, "code": pool[i].code, "status": "ok", "objective": pool[i].objective,

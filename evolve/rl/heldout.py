@@ -24,14 +24,14 @@ import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from sqlalchemy import select
 
 from evolve.config import Policy, Problem
-from evolve.mutation.code import MutationError, normalise, split_answers
-from evolve.mutation.prompt import answer_format, build_messages, make_child
+from evolve.mutation import pipeline
+from evolve.mutation.code import normalise
+from evolve.mutation.prompt import ProgramText, answer_format
 from evolve.store.connection import readonly_engine
 from evolve.store.schema import Cell, PolicyVersion, Program, Run
 
@@ -145,24 +145,19 @@ def call_sizes(samples: int, answers_per_completion: int, group_size: int) -> li
     return [group_size] * full + ([rest] if rest else [])
 
 
-def request_seed(parent_index: int, call_index: int) -> int:
-    return int(np.random.SeedSequence([SALT, parent_index, call_index]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
 async def sample_answers(client, problem: Problem, policy: Policy, parent: dict, parent_index: int,
                          samples: int) -> tuple[list[str | None], int]:
     """n answers for one parent (None: a slot the completion left empty), and tokens spent."""
     m = policy.answers
-    inspirations = [SimpleNamespace(**i) for i in parent["inspirations"]]
-    messages = build_messages(problem, SimpleNamespace(**parent), inspirations, m,
-                              policy.sampling.max_prompt_tokens, answer_format(policy, parent_index),
-                              view=policy.program_view)
-    answers, tokens = [], 0
+    inspirations = [ProgramText.of(i) for i in parent["inspirations"]]
+    messages, _ = pipeline.prompt(problem, policy, ProgramText.of(parent), inspirations, parent_index)
+    answers: list[str | None] = []
+    tokens = 0
     for call_index, size in enumerate(call_sizes(samples, m, policy.sampling.group_size)):
-        sample = await client.sample(messages, size, seed=request_seed(parent_index, call_index))
+        sample = await client.sample(messages, size, seed=pipeline.request_seed(SALT, parent_index, call_index))
         tokens += sample.completion_tokens or 0
         for text in sample.texts:
-            parts = split_answers(text, m)
+            parts = pipeline.answers(text, m)
             answers += parts + [None] * (m - len(parts))  # a missing answer is a failed one
     return answers[:samples], tokens
 
@@ -171,13 +166,8 @@ async def score_answers(evaluator, problem: Problem, parent: dict, answers: list
                         concurrency: int, fmt: str) -> list[dict]:
     """Apply (answers in format `fmt`) and evaluate every answer; each distinct child runs once."""
     components = [c.name for c in problem.components]
-    children: list[str | None] = []
-    for answer in answers:
-        try:
-            children.append(make_child(parent["code"], answer, fmt, problem.entry_point)
-                            if answer is not None else None)
-        except MutationError:
-            children.append(None)
+    children = [pipeline.apply(parent["code"], a, fmt, problem.entry_point).child if a is not None else None
+                for a in answers]
     slots = asyncio.Semaphore(concurrency)
     results: dict[str, object] = {}
 
@@ -185,7 +175,7 @@ async def score_answers(evaluator, problem: Problem, parent: dict, answers: list
         async with slots:
             results[normalise(code)] = await evaluator.evaluate(code)
 
-    await asyncio.gather(*(evaluate(c) for c in {normalise(c): c for c in children if c}.values()))
+    await asyncio.gather(*(evaluate(c) for c in pipeline.distinct(children).values()))
     return [_answer_record(results[normalise(c)] if c else None, parent["objective"], components)
             for c in children]
 

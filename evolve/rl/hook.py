@@ -18,7 +18,6 @@ from typing import Callable
 
 import httpx
 import numpy as np
-from sqlalchemy import func, select
 
 from evolve.config import Policy, Problem
 from evolve.rl import advantages
@@ -26,7 +25,7 @@ from evolve.rl.guard import Guard
 from evolve.rl.rollouts import Group, complete_groups
 from evolve.serving.adapters import load_adapter, unload_adapter
 from evolve.store.database import ProgramDatabase
-from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
+from evolve.store.schema import PolicyVersion, TrainingStep
 
 
 class HookError(RuntimeError):
@@ -79,15 +78,10 @@ class RLHook:
         that found no signal); the controller then waits until they are all scored before it
         calls `step` (so rewards are known)."""
         version = self.db.policy_version().version
-        query = select(func.count(LLMCall.id)).where(
-            LLMCall.run_id == self.db.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None))
-        if self.held_since is not None:
-            query = query.where(LLMCall.started_at > self.held_since)
-        generated = self.db.session.scalar(query)
-        return generated >= self.groups_per_step()
+        return self.db.calls_of(version, since=self.held_since) >= self.groups_per_step()
 
     def _groups(self, version: int) -> list[Group]:
-        return complete_groups(self.db.session, self.db.run_id, self.components, version, logprobs=True)
+        return complete_groups(self.db.rollout_rows(version, logprobs=True), self.components)
 
     # ---- resume -----------------------------------------------------------------------------
     async def resume(self, client) -> None:
@@ -338,7 +332,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     hook.guard = None  # offline: no server to measure on, every adapter is written
-    groups = complete_groups(db.session, db.run_id, hook.components, logprobs=True)
+    groups = complete_groups(db.rollout_rows(logprobs=True), hook.components)
     size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
     steps = []

@@ -7,9 +7,8 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import select
-from sqlalchemy.orm import Session, undefer
 
+from evolve.store.database import RolloutRows
 from evolve.store.schema import Completion, LLMCall, Program
 
 
@@ -43,45 +42,20 @@ def reward_vector(program: Program, components: list[str]) -> np.ndarray:
     return np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
 
 
-def complete_groups(session: Session, run_id: int, components: list[str],
-                    version: int | None = None, limit: int | None = None,
-                    logprobs: bool = False) -> list[Group]:
-    """Groups (oldest first) whose every answer has been evaluated; only `version`'s if given.
+def complete_groups(rows: RolloutRows, components: list[str], limit: int | None = None) -> list[Group]:
+    """Groups (oldest first) whose every answer has been evaluated, from a run's rollout rows
+    (`ProgramDatabase.rollout_rows`, or `rollout_rows` on a read-only session).
 
     A group with a child still pending is not complete: its rewards are not known yet.
-    `logprobs`: also the sampler's token log-probs (for training; a run of an older schema,
-    read by the views, has none).
     """
-    query = select(LLMCall).where(LLMCall.run_id == run_id, LLMCall.error.is_(None))
-    if version is not None:
-        query = query.where(LLMCall.policy_version == version)
-    calls = session.scalars(query.order_by(LLMCall.id)).all()
-    if not calls:
-        return []
-    query = select(Completion).where(Completion.call_id.in_([c.id for c in calls]))
-    if logprobs:
-        query = query.options(undefer(Completion.logprobs))
-    completions = session.scalars(query.order_by(Completion.call_id, Completion.index)).all()
-    children = session.scalars(select(Program).where(
-        Program.completion_id.in_([c.id for c in completions])).order_by(Program.answer_index)).all()
-    by_completion: dict[int, list[Program]] = {}
-    for child in children:
-        by_completion.setdefault(child.completion_id, []).append(child)
-    by_call: dict[int, list[Completion]] = {}
-    for completion in completions:
-        by_call.setdefault(completion.call_id, []).append(completion)
     groups = []
-    for call in calls:
-        group = _group(call, by_call.get(call.id, []), by_completion, components, logprobs)
+    for call in rows.calls:
+        group = _group(call, rows.completions.get(call.id, []), rows.children, components, rows.logprobs)
         if group is not None:
             groups.append(group)
             if limit is not None and len(groups) >= limit:
                 break
     return groups
-
-
-def count_complete(session: Session, run_id: int, components: list[str], version: int) -> int:
-    return len(complete_groups(session, run_id, components, version))
 
 
 def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int, list[Program]],

@@ -14,19 +14,13 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import select
 
 from evolve.config import Budget, ConfigError, Policy, Problem
 from evolve.events import Event, Sink, print_sink
 from evolve.faults import Fault, Outage, SandboxFault, fault_of
 from evolve.judge.evaluator import Evaluator
-from evolve.mutation.code import MutationError, split_answers
-from evolve.mutation.prompt import (
-    answer_format,
-    build_messages,
-    dump_messages,
-    make_child,
-)
+from evolve.mutation import pipeline
+from evolve.mutation.prompt import dump_messages
 from evolve.rundir import FINISHED, Stop
 from evolve.search.allocation import Allocation
 from evolve.search.tuning import Trial, changes_structure, tune
@@ -102,7 +96,7 @@ class Controller:
         self.db.add(session)
         self.base_evals = self.db.evaluations_done()
         self.base_calls = self.db.llm_calls_done()
-        self.past_wall = self._past_wall_time()
+        self.past_wall = self.db.past_wall_time(self.session.id)
         # Seeded from the run seed and how far the run got, so a resume is reproducible too.
         self.rng = np.random.default_rng([self.seed, self.base_calls])
         try:
@@ -130,22 +124,10 @@ class Controller:
             if failure is not None and self.stop_reason is None:
                 raise failure  # a bug, not a fault: the traceback is the message
         finally:
-            self._end_session(session)
+            self.db.end_session(session, self.stop_reason or "error")
         if self.stop_reason not in FINISHED:
             self.emit("fault", f"stopped: {self.stop_reason}", reason=self.stop_reason)
         return self.stop_reason
-
-    def _end_session(self, session: Session) -> None:
-        """Record how the session ended, if the database still takes writes (disk full: it may not)."""
-        try:
-            self.db.session.rollback()  # whatever a failure left half-done is not kept
-            session.ended_at, session.stop_reason = time.time(), self.stop_reason or "error"
-            self.db.session.merge(session)
-            self.db.session.commit()
-        except Exception as exc:  # noqa: BLE001 - the run is stopping for this very reason
-            if fault_of(exc) is None:
-                raise
-            self.db.session.rollback()
 
     def _watch(self, task: asyncio.Task) -> None:
         """An in-flight task that fails stops the run (a fault), instead of dying unseen."""
@@ -155,12 +137,6 @@ class Controller:
         if task.exception() is not None and self.failure is None:
             self.failure = task.exception()
             self.main.cancel()
-
-    def _past_wall_time(self) -> float:
-        """Wall time of the earlier sessions; one killed with -9 counts up to its last heartbeat."""
-        rows = self.db.session.execute(select(Session.started_at, Session.ended_at, Session.heartbeat_at)
-                                       .where(Session.run_id == self.db.run_id, Session.id != self.session.id))
-        return sum((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at for r in rows)
 
     def _budget_left(self) -> str | None:
         """The reason to stop asking, or None."""
@@ -198,8 +174,7 @@ class Controller:
             self._spawn(self._tune(first))  # the seed is the first best of its island
 
     async def _resume_pending(self) -> None:
-        pending = self.db.session.scalars(select(Program).where(
-            Program.run_id == self.db.run_id, Program.status == "pending").order_by(Program.id)).all()
+        pending = self.db.pending()
         if pending:
             self.emit("resume", f"resume: evaluating {len(pending)} pending children first",
                       pending=len(pending))
@@ -240,15 +215,14 @@ class Controller:
         self.stats.calls += 1
         island = call_index % len(self.db.islands)
         ask = self.db.ask(island, self.rng)
-        m, fmt = self.policy.answers, answer_format(self.policy, call_index)
-        messages = build_messages(self.problem, ask.parent, ask.inspirations, m,
-                                  self.policy.sampling.max_prompt_tokens, fmt, view=self.policy.program_view)
+        m = self.policy.answers
+        messages, fmt = pipeline.prompt(self.problem, self.policy, ask.parent, ask.inspirations, call_index)
         version = self.db.policy_version()
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
                        n=self.policy.sampling.group_size, started_at=time.time())
         try:
-            sample = await self.client.sample(messages, call.n, seed=request_seed(self.seed, call_index))
+            sample = await self.client.sample(messages, call.n, seed=pipeline.request_seed(self.seed, call_index))
         except asyncio.CancelledError:  # interrupted: keep the call's time in the accounts
             call.error, call.latency_s = "cancelled", time.time() - call.started_at
             self.db.add_call(call)
@@ -280,16 +254,17 @@ class Controller:
                                     tokens=len(ids) if ids is not None else None,
                                     finish_reason=sample.finish_reasons[i])
             self.db.add(completion)
-            for j, answer in enumerate(split_answers(text, m)):
+            for j, text_j in enumerate(pipeline.answers(text, m)):
                 child = Program(island=ask.island, parent_id=ask.parent.id, origin="mutation",
                                 generation=ask.parent.generation + 1, completion_id=completion.id,
                                 answer_index=j, status="pending")
                 self.stats.answers += 1
-                try:
-                    child.code = make_child(ask.parent.code, answer, fmt, self.problem.entry_point)
+                answer = pipeline.apply(ask.parent.code, text_j, fmt, self.problem.entry_point)
+                if answer.child is not None:
+                    child.code = answer.child
                     self.stats.applied += 1
-                except MutationError as exc:
-                    child.status, child.error = "mutation_failed", str(exc)
+                else:
+                    child.status, child.error = "mutation_failed", answer.error
                 self.db.tell(child)
                 children.append(child)
         return children
@@ -351,7 +326,7 @@ class Controller:
     def _store(self, child: Program, result, started: float, *extra) -> bool:
         """The child's result, its evaluation (and any rows that go with it) in one commit.
         True if it is the new best of its island."""
-        with self.db.session.no_autoflush:  # the child must not be flushed into its own "before"
+        with self.db.unflushed():  # the child must not be flushed into its own "before"
             best_before = self.db.best()
             island_best = self.db.islands[child.island].best()
         _fill(child, result)
@@ -399,7 +374,7 @@ class Controller:
         t = self.problem.search.tuning
         started = time.time()
         tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
-                           request_seed(self.seed, parent.id), t.max_literals, self.rng)
+                           pipeline.request_seed(self.seed, parent.id), t.max_literals, self.rng)
         if tuned.best is None:
             return tuned.trials, None
         child = Program(island=parent.island, parent_id=parent.id, origin="tuned",
@@ -545,12 +520,6 @@ class Controller:
 def _six(headline: float | None) -> str:
     """A headline value; None where the program is valid on other components only."""
     return "invalid" if headline is None else f"{headline:.6f}"
-
-
-def request_seed(run_seed: int, call_index: int) -> int:
-    """A well-mixed 31-bit seed per call. vLLM seeds the n choices of a request with
-    consecutive values, so consecutive request seeds would repeat samples across calls."""
-    return int(np.random.SeedSequence([run_seed, call_index]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def _fill(program: Program, result) -> None:

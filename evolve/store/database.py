@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +22,14 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 
 from evolve.config import Descriptor, Search
+from evolve.faults import fault_of
 from evolve.mutation.code import normalise
 from evolve.store.schema import (
     Cell,
+    Completion,
     Evaluation,
     Island,
     LLMCall,
@@ -35,6 +38,7 @@ from evolve.store.schema import (
     Run,
     Tuning,
 )
+from evolve.store.schema import Session as RunSession
 
 # db/ at the top of the repository, shipped as package data through this link
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -404,6 +408,55 @@ class ProgramDatabase:
         self.session.flush()
         self._commit()
 
+    # ---- sessions of the run ---------------------------------------------------------------
+    def end_session(self, session: RunSession, reason: str) -> None:
+        """Record how a session ended, if the database still takes writes (disk full: it may not)."""
+        try:
+            self.session.rollback()  # whatever a failure left half-done is not kept
+            session.ended_at, session.stop_reason = time.time(), reason
+            self.session.merge(session)
+            self.session.commit()
+        except Exception as exc:  # noqa: BLE001 - the run is stopping for this very reason
+            if fault_of(exc) is None:
+                raise
+            self.session.rollback()
+
+    def past_wall_time(self, current: int) -> float:
+        """Wall time of the other sessions; one killed with -9 counts up to its last heartbeat."""
+        rows = self.session.execute(select(RunSession.started_at, RunSession.ended_at, RunSession.heartbeat_at)
+                                    .where(RunSession.run_id == self.run_id, RunSession.id != current))
+        return sum((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at for r in rows)
+
+    def pending(self) -> list[Program]:
+        """Children stored but not evaluated (a session stopped first), oldest first."""
+        return list(self.session.scalars(select(Program).where(
+            Program.run_id == self.run_id, Program.status == "pending").order_by(Program.id)))
+
+    def unflushed(self):
+        """A block in which reads do not flush pending changes (e.g. a child read before its result)."""
+        return self.session.no_autoflush
+
+    # ---- what the RL hook reads ------------------------------------------------------------
+    def calls_of(self, version: int, since: float | None = None) -> int:
+        """Answered LLM calls made by a policy version (after `since`, if given)."""
+        query = select(func.count(LLMCall.id)).where(
+            LLMCall.run_id == self.run_id, LLMCall.policy_version == version, LLMCall.error.is_(None))
+        if since is not None:
+            query = query.where(LLMCall.started_at > since)
+        return self.session.scalar(query) or 0
+
+    def rollout_rows(self, version: int | None = None, logprobs: bool = False) -> "RolloutRows":
+        return rollout_rows(self.session, self.run_id, version, logprobs)
+
+    def unasked_elites(self) -> list[Program]:
+        """Elites that no LLM call had as its parent, and no copy of the seed."""
+        used = select(LLMCall.parent_id).where(LLMCall.run_id == self.run_id)
+        seeds = select(Program.code_hash).where(Program.run_id == self.run_id, Program.origin == "seed")
+        return list(self.session.scalars(
+            select(Program).join(Cell, Cell.program_id == Program.id)
+            .where(Program.run_id == self.run_id, Program.origin != "seed", Program.id.not_in(used),
+                   Program.code_hash.not_in(seeds)).order_by(Program.id)))
+
     # ---- generations and migration -------------------------------------------------------
     def advance(self, island: int) -> Program | None:
         """Count one generation on the island; every `migration_every` its best moves to the next
@@ -443,3 +496,34 @@ def _clone(p: Program, **changes) -> Program:
                   generation=p.generation, island=p.island)
     fields.update(changes)
     return Program(**fields)
+
+
+@dataclass
+class RolloutRows:
+    """A run's answered calls with their completions and children: what rollouts are made of."""
+    calls: list[LLMCall]
+    completions: dict[int, list[Completion]]  # call id -> its completions, by index
+    children: dict[int, list[Program]]  # completion id -> its children, by answer index
+    logprobs: bool = False  # the completions' sampler log-probs were read
+
+
+def rollout_rows(session: Session, run_id: int, version: int | None = None, logprobs: bool = False) -> RolloutRows:
+    """Read in three queries (any session: the engine's, or a view's read-only one); `logprobs`:
+    also the sampler's token log-probs (a run of an older schema has none)."""
+    query = select(LLMCall).where(LLMCall.run_id == run_id, LLMCall.error.is_(None))
+    if version is not None:
+        query = query.where(LLMCall.policy_version == version)
+    calls = list(session.scalars(query.order_by(LLMCall.id)))
+    rows = RolloutRows(calls, {}, {}, logprobs)
+    if not calls:
+        return rows
+    completions = select(Completion).where(Completion.call_id.in_([c.id for c in calls]))
+    if logprobs:
+        completions = completions.options(undefer(Completion.logprobs))
+    for completion in session.scalars(completions.order_by(Completion.call_id, Completion.index)):
+        rows.completions.setdefault(completion.call_id, []).append(completion)
+    ids = [c.id for cs in rows.completions.values() for c in cs]
+    for child in session.scalars(select(Program).where(Program.completion_id.in_(ids))
+                                 .order_by(Program.answer_index)):
+        rows.children.setdefault(child.completion_id, []).append(child)
+    return rows

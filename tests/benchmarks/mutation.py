@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session
 from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.code import MutationError, split_answers
+from evolve.mutation.pipeline import request_seed
 from evolve.mutation.prompt import build_messages, make_child
-from evolve.search.controller import request_seed
 from evolve.search.tuning import Trial, changes_structure, tune
 from evolve.serving.client import PolicyClient
 from evolve.serving.server import start_policy_server

@@ -1,0 +1,52 @@
+"""One mutation path for every caller: the search's LLM calls, the held-out measurement, the
+RL guard and the mutation benchmark all go prompt -> sample -> split -> apply -> dedupe here,
+so an answer means the same child wherever it is scored."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from evolve.config import Policy, Problem
+from evolve.mutation.code import MutationError, normalise, split_answers
+from evolve.mutation.prompt import Shown, answer_format, build_messages, make_child
+
+
+def request_seed(*key: int) -> int:
+    """A well-mixed 31-bit seed per call, from its key (a run's seed and call index; the held-out
+    salt, parent and call). vLLM seeds the n choices of a request with consecutive values, so
+    consecutive request seeds would repeat samples across calls."""
+    return int(np.random.SeedSequence(list(key)).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
+           call_index: int) -> tuple[list[dict], str]:
+    """The chat messages of one call, and the answer format it asks for."""
+    fmt = answer_format(policy, call_index)
+    return build_messages(problem, parent, inspirations, policy.answers, policy.sampling.max_prompt_tokens,
+                          fmt, view=policy.program_view), fmt
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    child: str | None  # the program the answer makes of its parent; None: it does not apply
+    error: str | None = None  # why it does not apply
+
+
+def apply(parent_code: str, text: str, fmt: str, entry: str) -> Answer:
+    try:
+        return Answer(text, make_child(parent_code, text, fmt, entry))
+    except MutationError as exc:
+        return Answer(text, None, str(exc))
+
+
+def answers(completion: str, m: int) -> list[str]:
+    """The (at most m) answers of one completion."""
+    return split_answers(completion, m)
+
+
+def distinct(codes: Iterable[str | None]) -> dict[str, str]:
+    """Each distinct child once, keyed by its normalised text: what gets evaluated."""
+    return {normalise(code): code for code in codes if code}
