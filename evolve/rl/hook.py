@@ -34,7 +34,7 @@ class HookError(RuntimeError):
 
 # Served vs trained log-probs of the same tokens, in nats: bf16 kernels differ between vLLM's
 # CPU backend and torch, so exact equality is not expected; an adapter that is not the
-# trained one (or not loaded at all) moves them by far more (tests/test_rl_run.py).
+# trained one (or not loaded at all) moves them by far more (tests/rl/test_rl_run.py).
 SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
 CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
 

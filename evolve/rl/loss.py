@@ -1,6 +1,6 @@
 """The policy-gradient loss shared by the LoRA trainer and the synthetic GRPO/VPO experiment.
 
-One function, so the experiment in tests/test_rl_synthetic.py exercises exactly the code that
+One function, so the experiment in tests/rl/test_rl_synthetic.py exercises exactly the code that
 trains the mutator; only the advantages (evolve/rl/advantages.py) differ between GRPO and VPO.
 """
 from __future__ import annotations

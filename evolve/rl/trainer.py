@@ -7,7 +7,7 @@ Cost on CPU is dominated by the prompt (â‰ˆ1.6k tokens) against completions of â
 and all G completions of a group share their prompt. So the prompt runs forward and backward once
 per group, and its key/value cache is reused by every micro-batch of completions; the result
 is exactly the gradient of running every prompt+completion pair separately
-(tests/test_trainer.py checks it).
+(tests/rl/test_trainer.py checks it).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The program database's tables (SQLAlchemy 2 ORM).
 
 The schema itself is owned by the Alembic migrations in `db/`; these classes must
-match them (tests/test_database.py checks that autogenerate finds no difference).
+match them (tests/store/test_database.py checks that autogenerate finds no difference).
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def test_port_serving_another_model_is_an_error(server, tmp_path):
 def test_complete_format_continues_the_versions_prefix(server):
     """The `complete` format: the server continues the assistant's last message (no new turn
     opened after it) and stops where the function it completes ends."""
-    problem = config.load_problem(Path(__file__).resolve().parent.parent / "problems" / "circle_packing.yaml")
+    problem = config.load_problem(Path(__file__).resolve().parents[2] / "problems" / "circle_packing.yaml")
     parent = Program(code=problem.seed_code(), status="ok", objective=0.87, headline=2.17, fitness={})
     messages = build_messages(problem, parent, [], 1, 6000, "complete")
     policy = config.Policy(name="t", model=MODEL, answer_format="complete",

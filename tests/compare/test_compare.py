@@ -31,9 +31,9 @@ from evolve.rl import heldout
 from evolve.serving.models import ensure_model
 from evolve.serving.server import VLLMServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOL_MODEL = "smollm2-135m-instruct"
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # `evolve` with the scripted LLM: what each arm's child process runs in the fast tests.
 SCRIPTED_CLI = f"""
@@ -392,7 +392,7 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     SmolLM2 makes almost no valid mutation, so the LLM-call guard usually ends the arms; what is
     tested is the plumbing: real runs, training, the last adapter served for the held-out pool, the
     report's numbers against the databases. One LoRA-enabled server, started here, is found on its
-    port and reused by both arms and by the held-out measurement (as in tests/test_rl_run.py):
+    port and reused by both arms and by the held-out measurement (as in tests/rl/test_rl_run.py):
     four start-ups on this shared 2-core machine would take the test over five minutes.
     """
     problem = write_problem(tmp_path, 10)

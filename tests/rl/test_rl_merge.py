@@ -2,7 +2,7 @@
 `evolve run` with a GRPO policy on its own embedded vLLM, the real trainer, SQLite.
 
 A module of its own: the run's server and trainer must not share the machine's memory with
-tests/test_rl_run.py's module-wide LoRA server (together they exceed 24 GB).
+tests/rl/test_rl_run.py's module-wide LoRA server (together they exceed 24 GB).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from evolve.config import Server
 from evolve.rl.hook import SERVED_TOLERANCE
 from evolve.serving.server import VLLMServer
 from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
-from tests.test_rl_run import PORT, grpo_policy, run_humaneval, served_vs_trained
+from tests.rl.test_rl_run import PORT, grpo_policy, run_humaneval, served_vs_trained
 from tests.test_run import MODEL, db_session, evolve
 
 pytestmark = pytest.mark.real

@@ -25,7 +25,7 @@ from evolve.sandbox.docker import (
     owner_id,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ONE_CASE = [{"name": "a", "args": {"n": 3}}]
 FAKE_LINE = '{"case": "a", "output": 99}'
 LIMITS = dict(backend="docker", timeout_s=3.0, memory_mb=256, pids=64)

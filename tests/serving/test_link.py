@@ -21,7 +21,7 @@ from evolve.serving.models import ensure_model
 from evolve.serving.server import VLLMServer
 
 pytestmark = pytest.mark.real
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 EMBEDDED_PORT, EXTERNAL_PORT = 8135, 8136
 PROBLEM = ROOT / "problems" / "min_max_distance.yaml"

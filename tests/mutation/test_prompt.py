@@ -6,7 +6,7 @@ from evolve.mutation.code import apply_answer
 from evolve.mutation.prompt import EXAMPLE_PROGRAM, build_messages, estimate_tokens
 from evolve.store.schema import Program
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
 SEED = (ROOT / "problems" / "circle_packing" / "seed.py").read_text()
 

@@ -14,7 +14,7 @@ from evolve.faults import SandboxFault
 from evolve.judge.evaluator import Evaluator
 from evolve.sandbox.docker import DockerSandbox
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
 LIMITS = SandboxLimits(backend="docker", timeout_s=6.0, memory_mb=512, pids=64)
 # pid 1's start time: differs between containers

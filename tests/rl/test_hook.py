@@ -12,7 +12,7 @@ from evolve.rl.hook import RLHook
 from evolve.rl.rollouts import complete_groups
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import Completion, LLMCall, PolicyVersion, Program
-from tests.test_policy import PROBLEM, ROOT
+from tests.mutation.test_prompt import PROBLEM, ROOT
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=2)]
 COMPONENTS = ["x", "y"]
@@ -167,7 +167,7 @@ def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
 async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(tmp_path):
     """The run-time served-equals-trained check, its arithmetic isolated: a stand-in server
     reports log-probs, a stand-in trainer its own for the same tokens (the real parts:
-    tests/test_rl_run.py)."""
+    tests/rl/test_rl_run.py)."""
     from evolve.rl.hook import SERVED_TOLERANCE
     from evolve.serving.client import Sample
 

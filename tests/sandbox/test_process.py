@@ -296,7 +296,7 @@ async def test_concurrent_runs_do_not_mix():
 
 
 def test_harness_is_standalone():
-    source = (Path(__file__).resolve().parents[1] / "evolve" / "sandbox" / "harness.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "evolve" / "sandbox" / "harness.py").read_text()
     imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert imports and not any("evolve" in line for line in imports)
 

@@ -10,7 +10,7 @@ from evolve.mutation.prompt import build_messages, make_child
 from evolve.mutation.versions import apply_completion, versions_prefix
 from evolve.store.schema import Program
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
 SEED = (ROOT / "problems" / "circle_packing" / "seed.py").read_text()
 ENTRY = "construct_packing"

@@ -38,7 +38,7 @@ from evolve.views.dashboard import (
 )
 from evolve.views.snapshot import RunReader
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

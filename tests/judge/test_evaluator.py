@@ -11,7 +11,7 @@ from evolve.judge.evaluator import Evaluator
 from evolve.sandbox.docker import DockerSandbox
 from evolve.sandbox.result import SandboxResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = load_problem(ROOT / "problems" / "circle_packing.yaml")
 SHIPPED_SEED = PROBLEM.resolve(PROBLEM.program).read_text()
 SEED = GRID_SEED  # equal circles on a grid: its variants below edit its centres and radii

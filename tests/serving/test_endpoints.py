@@ -1,5 +1,5 @@
 """Several policy endpoints behind one client (evolve/serving/endpoints.py), the choice isolated with
-stand-in endpoints; the real parts (a live vLLM and a dead port): tests/test_llm_faults.py."""
+stand-in endpoints; the real parts (a live vLLM and a dead port): tests/serving/test_link.py."""
 from __future__ import annotations
 
 import asyncio

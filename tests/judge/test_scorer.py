@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-PROBLEM_DIR = Path(__file__).resolve().parents[1] / "problems" / "circle_packing"
+PROBLEM_DIR = Path(__file__).resolve().parents[2] / "problems" / "circle_packing"
 
 
 def _load(name):
