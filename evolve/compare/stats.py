@@ -1,4 +1,4 @@
-"""Statistics for `evolve compare` (DESIGN §8): pure functions of numbers, no I/O.
+"""Statistics for `evolve compare` (docs/design.md §8): pure functions of numbers, no I/O.
 
 - best@k and pass@k over a pool of n sampled answers (k drawn without replacement);
 - diversity of a group's answers (mean pairwise L1 between reward vectors);

@@ -4,7 +4,7 @@ A program holds one EVOLVE-BLOCK between a ``# EVOLVE-BLOCK-START`` line and a
 ``# EVOLVE-BLOCK-END`` line; only its body may change. The LLM answers with
 SEARCH/REPLACE blocks against that body or, as a fallback, with a full rewrite
 of it in a fenced code block. With m > 1 answers per response, each answer sits
-in an ``<answer_k>`` section (DESIGN.md §6).
+in an ``<answer_k>`` section (docs/design.md §6).
 
 Small models make many formatting mistakes, so the parsers here are tolerant
 about layout (fences, marker lengths, trailing spaces, CRLF, indentation) but

@@ -15,7 +15,7 @@ You change only the code between `# EVOLVE-BLOCK-START` and `# EVOLVE-BLOCK-END`
 """
 
 # How an answer is written. Small models copy the worked example whatever its format, so each
-# format has its own (DESIGN §6: 0/10 valid diffs zero-shot, 6-10/10 with one example).
+# format has its own (docs/design.md §6: 0/10 valid diffs zero-shot, 6-10/10 with one example).
 RULES = {
     "diff": """Answer with SEARCH/REPLACE blocks. SEARCH copies lines of the current program exactly,
 indentation included; REPLACE holds the new lines:

@@ -1,4 +1,4 @@
-"""Group-relative advantages for the mutator's policy gradient: GRPO and VPO (DESIGN.md §7).
+"""Group-relative advantages for the mutator's policy gradient: GRPO and VPO (docs/design.md §7).
 
 Vocabulary: a group is the G rollouts sampled for one prompt; a rollout holds m >= 1 answers;
 an answer is a reward vector r in R^k (all components >= 0, higher better; a failed answer is
@@ -101,7 +101,7 @@ def vpo_from_weights(answer_matrices: Sequence[np.ndarray], W: np.ndarray,
 
 def vpo(answer_matrices: Sequence[np.ndarray], K: int, alpha: float,
         rng: np.random.Generator, eps: float = STD_EPS) -> tuple[np.ndarray, np.ndarray]:
-    """VPO advantages and set rewards for one group (DESIGN.md §7).
+    """VPO advantages and set rewards for one group (docs/design.md §7).
 
         W = (w_1..w_K) ~ Dirichlet(alpha 1_k), drawn ONCE, shared by every rollout of the group
         R_g = 1/K sum_j max_{rows y of M_g} w_j^T y        (empty set: R_g = 0)

@@ -1,6 +1,6 @@
 """Held-out measurement for `evolve compare`: best@k and pass@k of an arm's final policy.
 
-The protocol (DESIGN §8, the VPO paper's): give the policy a fixed set of parents it never
+The protocol (docs/design.md §8, the VPO paper's): give the policy a fixed set of parents it never
 trained on, sample a pool of n answers for each, evaluate every answer in the sandbox, and
 estimate from the pool what k answers would achieve (evolve/compare/stats.py: best@k, pass@k).
 
@@ -138,7 +138,7 @@ def call_sizes(samples: int, answers_per_completion: int, group_size: int) -> li
     """Completions per call: ceil(n / m) completions in calls of at most the group size.
 
     A VPO completion holds m answers, so a pool of n answers costs every arm the same n
-    evaluations (the fair budget of DESIGN §8), not the same number of completions.
+    evaluations (the fair budget of docs/design.md §8), not the same number of completions.
     """
     completions = math.ceil(samples / answers_per_completion)
     full, rest = divmod(completions, group_size)

@@ -1,5 +1,5 @@
 """Training data from the archive: each LLM call is a group, each completion a rollout whose
-answers are linked to child programs and their reward vectors (DESIGN §7).
+answers are linked to child programs and their reward vectors (docs/design.md §7).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LoRA policy-gradient training of the mutator (transformers + peft), DESIGN §7.
+"""LoRA policy-gradient training of the mutator (transformers + peft), docs/design.md §7.
 
 One `step` trains on a batch of groups whose advantages are already computed (by GRPO or VPO:
 evolve/rl/advantages.py); the loss is the shared PPO-clip loss of evolve/rl/loss.py.

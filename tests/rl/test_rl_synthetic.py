@@ -1,4 +1,4 @@
-"""Controlled experiment: GRPO collapses to one mode, VPO keeps several (DESIGN.md §7).
+"""Controlled experiment: GRPO collapses to one mode, VPO keeps several (docs/design.md §7).
 
 A tiny autoregressive policy writes a rollout of m answer tokens; each token is one of 5 "modes",
 and each mode has a fixed reward vector in R^2 with genuine trade-offs:

