@@ -320,12 +320,12 @@ def cmd_suite(args) -> int:
 
 # ---- sandbox ---------------------------------------------------------------------------------
 def cmd_sandbox_build(args) -> int:
-    from evolve.sandbox.docker import build
+    from evolve.sandbox.verbs import build
     return build(dockerfile=args.dockerfile, mirror=args.mirror, force=args.force)
 
 
 def cmd_sandbox_check(args) -> int:
-    from evolve.sandbox.docker import check
+    from evolve.sandbox.verbs import check
     return check()
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from evolve.events import Event
 from evolve.faults import Fault, backoff, fault_of
 from evolve.serving.link import PolicyLink
-from evolve.views.dashboard import outages
+from evolve.views.panels import outages
 
 
 def operational(message: str) -> OperationalError:

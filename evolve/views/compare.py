@@ -16,7 +16,8 @@ from rich.console import Console
 
 from evolve.events import Event
 from evolve.rundir import RunDir
-from evolve.views.dashboard import REFRESH_S, EventTail, Keys, View, screen, waiting
+from evolve.views.dashboard import REFRESH_S, EventTail, Keys
+from evolve.views.panels import View, screen, waiting
 from evolve.views.snapshot import RunReader
 
 PROGRESS_EVERY_S = 5.0  # the overall count opens every arm's database: not on every frame

@@ -29,7 +29,7 @@ from evolve.config import ConfigError, run_problem
 from evolve.judge.evaluator import load_scorer
 from evolve.rundir import InspectError
 from evolve.store.schema import Cell, Evaluation, Program
-from evolve.views.dashboard import num
+from evolve.views.panels import num
 from evolve.views.snapshot import RunReader, Snapshot
 
 DPI = 130
@@ -254,7 +254,7 @@ def _cell_centre(snap: Snapshot, cell: tuple) -> tuple[float, float]:
 
 
 def plot_grids(snap: Snapshot, path: Path) -> Path:
-    from evolve.views.dashboard import aggregate
+    from evolve.views.panels import aggregate
 
     plt = _pyplot()
     panels = [("all islands", aggregate(snap.cells))] + \

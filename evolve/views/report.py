@@ -21,15 +21,7 @@ from evolve.events import printable
 from evolve.rundir import InspectError
 from evolve.store.schema import Completion, LLMCall, Program, Run
 from evolve.store.schema import Session as RunSession
-from evolve.views.dashboard import (
-    VERSION_ROWS,
-    duration,
-    islands_panel,
-    num,
-    pct,
-    rl_panel,
-    versions_table,
-)
+from evolve.views.panels import VERSION_ROWS, duration, islands_panel, num, pct, rl_panel, versions_table
 from evolve.views.snapshot import RunReader, Snapshot
 
 ERROR_TAIL_LINES = 15

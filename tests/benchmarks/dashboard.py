@@ -25,7 +25,8 @@ from evolve.config import load_problem
 from evolve.store.database import ProgramDatabase, cell_of, connect
 from evolve.store.schema import Cell, Evaluation, LLMCall, Program
 from evolve.store.schema import Session as RunSession
-from evolve.views.dashboard import LiveDashboard, screen
+from evolve.views.dashboard import LiveDashboard
+from evolve.views.panels import screen
 from evolve.views.snapshot import RunReader
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,17 +25,8 @@ from evolve.cli import main
 from evolve.events import Event
 from evolve.store.connection import readonly_engine, schema_revision
 from evolve.store.database import MIGRATIONS, connect
-from evolve.views.dashboard import (
-    EventTail,
-    LiveDashboard,
-    View,
-    attach,
-    header,
-    screen,
-    stacked,
-    wants_dashboard,
-    with_best_events,
-)
+from evolve.views.dashboard import EventTail, LiveDashboard, attach, wants_dashboard
+from evolve.views.panels import View, header, screen, stacked, with_best_events
 from evolve.views.snapshot import RunReader
 
 ROOT = Path(__file__).resolve().parents[2]
