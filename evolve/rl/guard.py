@@ -22,8 +22,10 @@ import numpy as np
 
 from evolve.config import Guard as GuardSettings
 from evolve.config import Policy, Problem
+from evolve.judge.evaluator import Evaluator
 from evolve.mutation.prompt import answer_format
 from evolve.rl.heldout import sample_answers, score_answers
+from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 
 SALT = 0x6A4D  # the guard's parents and request seeds: apart from the run's and compare's
@@ -52,13 +54,13 @@ class Guard:
         return [{"id": pool[i].id, "code": pool[i].code, "status": "ok", "objective": pool[i].objective,
                  "headline": pool[i].headline, "fitness": pool[i].fitness, "inspirations": []} for i in picked]
 
-    async def measure(self, client, model: str, version: int, evaluator) -> Rates:
+    async def measure(self, client: Sampler, model: str, version: int, evaluator: Evaluator) -> Rates:
         """The version's answers for every guard parent, applied and scored (same seeds for all)."""
         started, previous = time.time(), client.model
         client.model = model
         records = []
         try:
-            for i, parent in enumerate(self.parents):
+            for i, parent in enumerate(self.parents or []):
                 answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
                                                   self.settings.answers)
                 records += await score_answers(evaluator, self.problem, parent, answers,
@@ -70,7 +72,7 @@ class Guard:
         return Rates(version, len(records), sum(r["status"] == "ok" for r in records) / n,
                      sum(r["beats_parent"] for r in records) / n, time.time() - started)
 
-    async def check(self, client, old: tuple[int, str], new: tuple[int, str], evaluator) -> dict:
+    async def check(self, client: Sampler, old: tuple[int, str], new: tuple[int, str], evaluator: Evaluator) -> dict:
         """The verdict on `new` (version, served name) against `old`: {"ok", "why", rates, cost}."""
         if self.parents is None or len(self.parents) < self.settings.parents:  # a young archive: look again
             chosen = self.choose_parents()

@@ -20,10 +20,12 @@ import httpx
 import numpy as np
 
 from evolve.config import Policy, Problem
+from evolve.judge.evaluator import Evaluator
 from evolve.rl import advantages
 from evolve.rl.guard import Guard
 from evolve.rl.rollouts import Group, complete_groups
 from evolve.serving.adapters import load_adapter, unload_adapter
+from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import PolicyVersion, TrainingStep
 
@@ -84,7 +86,7 @@ class RLHook:
         return complete_groups(self.db.rollout_rows(version, logprobs=True), self.components)
 
     # ---- resume -----------------------------------------------------------------------------
-    async def resume(self, client) -> None:
+    async def resume(self, client: Sampler) -> None:
         """Serve the run's latest adapter again (a fresh server knows none)."""
         current = self.db.policy_version()
         if self.serve == "merge":
@@ -101,7 +103,7 @@ class RLHook:
                       f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
 
     # ---- one step ---------------------------------------------------------------------------
-    async def step(self, client, evaluator=None) -> TrainingStep | None:
+    async def step(self, client: Sampler, evaluator: Evaluator | None = None) -> TrainingStep | None:
         current = self.db.policy_version()
         groups = self._groups(current.version)
         if not groups:  # due() said generated; the controller drained: they must be complete
@@ -229,7 +231,7 @@ class RLHook:
         self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: {why}",
                   version=current.version, refused=step.version, published=False, why=why)
 
-    async def _served_check(self, client, name: str, group: Group) -> dict:
+    async def _served_check(self, client: Sampler, name: str, group: Group) -> dict:
         """The first call to a newly served version, against the trainer's log-probs of the
         tokens it sampled. A server that serves another adapter (or none, or a stale merged
         copy) moves them by far more than the kernels' bf16 noise."""
