@@ -29,6 +29,7 @@ from evolve.judge.evaluator import Evaluator
 from evolve.mutation.code import MutationError, split_answers
 from evolve.mutation.pipeline import request_seed
 from evolve.mutation.prompt import build_messages, make_child
+from evolve.rundir import RunDir
 from evolve.search.tuning import Trial, changes_structure, tune
 from evolve.serving.client import PolicyClient
 from evolve.serving.server import start_policy_server
@@ -130,8 +131,8 @@ def parents_of(problem, evaluator, run_dir: Path | None) -> list:
     out = [SimpleNamespace(code=code, status="ok", objective=seed.objective, headline=seed.headline,
                            fitness=seed.components, raw=seed.raw)]
     if run_dir is not None:
-        spec = json.loads((run_dir / "run.json").read_text())
-        with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+        spec = RunDir(run_dir).spec()
+        with Session(connect(spec["db_url"])) as s:
             p = s.scalars(select(Program).where(Program.status == "ok")
                           .order_by(Program.objective.desc())).first()
             out.append(SimpleNamespace(code=p.code, status="ok", objective=p.objective, headline=p.headline,

@@ -5,13 +5,13 @@ Reads the run's own timing records (sessions, llm_calls, evaluations):
 Also prints the run's figures: valid-mutation rate, evaluations per minute, tokens/s, best
 headline versus the seed's. Target: overhead < 2 % of the wall time.
 """
-import json
 import sys
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evolve.rundir import RunDir
 from evolve.store.database import connect
 from evolve.store.schema import Evaluation, LLMCall
 from evolve.store.schema import Session as RunSession
@@ -28,7 +28,7 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def main(run_dir: Path) -> None:
-    spec = json.loads((run_dir / "run.json").read_text())
+    spec = RunDir(run_dir).spec()
     with Session(connect(spec["db_url"])) as s:
         sessions = [(r.started_at, r.ended_at) for r in s.scalars(select(RunSession)) if r.ended_at]
         busy = [(c.started_at, c.started_at + c.latency_s) for c in s.scalars(select(LLMCall))

@@ -39,6 +39,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from evolve.config import load_problem
+from evolve.rundir import RunDir
 from evolve.store.database import connect
 from evolve.store.schema import Evaluation, LLMCall, Program, Tuning
 from evolve.store.schema import Session as RunSession
@@ -87,8 +88,8 @@ def measure(run_dir: Path, minutes: float) -> dict:
     """The figures of one run, cut at `minutes` of its own time (from its launch, server
     start-up included; a resumed run's sessions add up, the time between them does not)."""
     meta = json.loads((run_dir / "bench.json").read_text())
-    spec = json.loads((run_dir / "run.json").read_text())
-    with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+    spec = RunDir(run_dir).spec()
+    with Session(connect(spec["db_url"])) as s:
         rows = s.execute(select(Program.id, Program.origin, Program.status, Program.objective,
                                 Program.headline, Program.outcome, Program.duplicate_of,
                                 Evaluation.started_at + Evaluation.elapsed_s)
@@ -198,8 +199,8 @@ async def peak_tokens_per_s(run_dir: Path, n_calls: int) -> float | None:
     from evolve.serving.client import PolicyClient
     from evolve.serving.server import start_policy_server
 
-    spec = json.loads((run_dir / "run.json").read_text())
-    with Session(connect(spec["db_url"] or f"sqlite:///{run_dir / 'evolve.db'}")) as s:
+    spec = RunDir(run_dir).spec()
+    with Session(connect(spec["db_url"])) as s:
         call = s.scalars(select(LLMCall).where(LLMCall.error.is_(None)).order_by(LLMCall.id.desc())).first()
     if call is None:
         return None
@@ -236,7 +237,7 @@ def main() -> None:
     for meta in sorted(out.glob("*-s*/bench.json")):
         arm, seed = meta.parent.name.rsplit("-s", 1)
         results[(arm, int(seed))] = measure(meta.parent, args.minutes)
-    spec = json.loads(next(iter(out.glob("*-s*/run.json"))).read_text())
+    spec = RunDir(next(iter(out.glob("*-s*/bench.json"))).parent).stored()
     headline = load_problem(spec["problem"], spec.get("set")).headline
     text = table(results, args.minutes, headline)
     if args.peak:
