@@ -66,7 +66,8 @@ class PolicyClient:
             extra["stop"] = STOP
         started = time.time()
         resp = await self.client.chat.completions.create(
-            model=self.model, messages=messages, n=n, temperature=s.temperature, top_p=s.top_p,
+            model=self.model, messages=messages,  # type: ignore[arg-type]  # plain dicts, not the SDK's TypedDicts
+            n=n, temperature=s.temperature, top_p=s.top_p,
             max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage

@@ -146,10 +146,11 @@ class VLLMServer:
     def _wait_ready(self) -> None:
         """Poll /health and /v1/models; fail fast with the log tail if the process dies."""
         deadline = time.monotonic() + self.server.startup_timeout_s
-        started = time.monotonic()
+        started, process = time.monotonic(), self.process
+        assert process is not None  # called right after the launch
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                code, tail = self.process.returncode, self.log_tail()
+            if process.poll() is not None:
+                code, tail = process.returncode, self.log_tail()
                 self.stop()  # its children may still be alive
                 raise ServerError(f"vLLM exited with code {code} while starting; "
                                   f"last lines of {self.log_path}:\n{tail}")
