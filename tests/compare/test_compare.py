@@ -28,6 +28,7 @@ from evolve.compare import report as compare_report
 from evolve.compare import stats
 from evolve.config import Server, load_policy, load_problem
 from evolve.rl import heldout
+from evolve.rundir import DONE
 from evolve.serving.models import ensure_model
 from evolve.serving.server import VLLMServer
 
@@ -422,7 +423,7 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
         truth, arm = db_numbers(d), fig["arms"][name]
         for key, value in truth.items():
             assert arm[key] == pytest.approx(value), (name, key)
-        assert sessions(d) == [arm["stop_reason"]] and arm["stop_reason"] in compare.DONE_REASONS
+        assert sessions(d) == [arm["stop_reason"]] and arm["stop_reason"] in DONE
         assert f"| {name} | {arm['stop_reason']} | {truth['evaluations']} | {truth['best_objective']:.4f} |" in md
     # the training arm trained where its groups had a signal, and its held-out pool came from its
     # last adapter (SmolLM2's answers may all fail alike: then nothing is trained or served)
