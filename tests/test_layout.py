@@ -1,6 +1,10 @@
 """The package's layering (README, Layout): no import cycles, and no import from a lower layer
 to a higher one. Lazy imports inside functions count: they are still dependencies."""
 import ast
+import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,10 +49,18 @@ def room(module: str) -> str:
     return module.split(".")[1] if module.count(".") else "evolve"
 
 
-def graph() -> dict[str, set[str]]:
+def read_graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
     return {m: imports(p, known) - {m, "evolve"} for m, p in found.items()}
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Read in a fresh interpreter: CPython 3.11's ast.parse can fail with "AST constructor
+    recursion depth mismatch" in a process where an earlier test hit a RecursionError."""
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, check=True)
+    return {m: set(deps) for m, deps in json.loads(done.stdout).items()}
 
 
 def test_every_module_has_a_layer():
@@ -88,9 +100,6 @@ def test_each_sub_package_or_module_exists(sub):
 
 
 def _tool(*args: str):
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, "-m", *args], cwd=PACKAGE.parent, capture_output=True, text=True)
 
 
@@ -104,3 +113,7 @@ def test_mypy_finds_nothing():
     """The typed boundaries hold (pyproject.toml [tool.mypy])."""
     done = _tool("mypy", "--no-incremental")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+if __name__ == "__main__":
+    print(json.dumps({m: sorted(deps) for m, deps in read_graph().items()}))
