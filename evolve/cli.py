@@ -177,9 +177,8 @@ def cmd_resume(args) -> int:
 
 def _launch(run_dir: Path, args) -> int:
     """Open everything a run needs, run the controller, and always clean up."""
-    from evolve.store.database import (
-        refuse_newer_schema,  # heavy imports only for commands that need them
-    )
+    # heavy imports only for commands that need them
+    from evolve.store.database import refuse_newer_schema
 
     run = RunDir(run_dir)
     stored = run.spec()  # a bad policy or a newer database changes nothing, not even run.json

@@ -25,9 +25,8 @@ def make_sandbox(limits: SandboxLimits, report: Callable[[Event], None] | None =
     """The backend the limits ask for; `report` hears what a Ray cluster's nodes do (lost,
     replaced)."""
     if limits.backend == "ray":
-        from evolve.sandbox.ray import (
-            RaySandbox,  # ray is imported only by runs that use it
-        )
+        # ray is imported only by runs that use it
+        from evolve.sandbox.ray import RaySandbox
 
         return RaySandbox(limits, report)
     return host_sandbox(limits)
