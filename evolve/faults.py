@@ -45,7 +45,7 @@ def fault_of(exc: BaseException) -> str | None:
     if isinstance(exc, Fault):
         return str(exc)
     if database_away(exc):
-        return f"{DATABASE_AWAY} ({_short(exc.orig)}); nothing was lost"
+        return f"{DATABASE_AWAY} ({one_line(exc.orig)}); nothing was lost"
     if isinstance(exc, OperationalError):
         text = str(exc.orig)
         if "locked" in text or "busy" in text:
@@ -84,7 +84,7 @@ def wait_for_database(url: str, report: Callable[[Event], None], limit_s: float 
                     outage.recovered()
                     return True
             except OperationalError as exc:
-                delay = outage.failed(_short(exc.orig))
+                delay = outage.failed(one_line(exc.orig))
                 if time.time() - started + delay > limit_s:
                     return False
                 time.sleep(delay)
@@ -134,6 +134,6 @@ class Outage:
                           {"attempt": self.attempts, "retry_in_s": backoff(self.attempts), **fields}))
 
 
-def _short(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__

@@ -104,7 +104,7 @@ def docker_unavailable_reason(base_url: str | None = None, image: str | None = N
     try:
         client = connect(base_url)
     except ENGINE_ERRORS as exc:
-        return f"no Docker engine reachable ({_short(exc)})"
+        return f"no Docker engine reachable ({short_error(exc)})"
     try:
         missing = image_missing(client, image or image_tag())
         return str(missing) if missing else None
@@ -121,7 +121,7 @@ def image_missing(client: docker.DockerClient, image: str) -> DockerUnavailable 
         return DockerUnavailable(f"the sandbox image {image} is not built (run `evolve sandbox build`)",
                                  permanent=True)
     except ENGINE_ERRORS as exc:
-        return DockerUnavailable(f"no Docker engine reachable ({_short(exc)})")
+        return DockerUnavailable(f"no Docker engine reachable ({short_error(exc)})")
 
 
 class DockerSandbox:
@@ -136,7 +136,7 @@ class DockerSandbox:
         try:
             self._client = connect(base_url)
         except ENGINE_ERRORS as exc:
-            raise DockerUnavailable(f"no Docker engine reachable ({_short(exc)})") from None
+            raise DockerUnavailable(f"no Docker engine reachable ({short_error(exc)})") from None
         if missing := image_missing(self._client, self.image):
             raise missing
         try:
@@ -224,7 +224,7 @@ class DockerSandbox:
         except socket.timeout:
             talk.collected.timed_out = not done
         except (OSError, EOFError, ValueError) as exc:  # ValueError: a garbled report
-            talk.lost = _short(exc)
+            talk.lost = short_error(exc)
         talk.collected.stdout, talk.done = bytes(results), done
         return talk
 
@@ -554,7 +554,7 @@ def _oom(kills) -> bool | None:
 
 
 def _engine_gone(exc: BaseException) -> str:
-    return (f"Docker engine unreachable ({_short(exc)}); the sandbox pool is rebuilt "
+    return (f"Docker engine unreachable ({short_error(exc)}); the sandbox pool is rebuilt "
             "when it is back")
 
 
@@ -562,10 +562,10 @@ def _start_failure(exc: BaseException) -> str:
     if isinstance(exc, (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError)):
         return _engine_gone(exc)
     if isinstance(exc, docker.errors.ImageNotFound):
-        return f"the sandbox image is missing ({_short(exc)}); run `evolve sandbox build`"
-    return f"could not start a sandbox container: {_short(exc)}"
+        return f"the sandbox image is missing ({short_error(exc)}); run `evolve sandbox build`"
+    return f"could not start a sandbox container: {short_error(exc)}"
 
 
-def _short(exc: BaseException | None) -> str:
+def short_error(exc: BaseException | None) -> str:
     text = str(exc).splitlines()[0] if exc is not None and str(exc) else type(exc).__name__
     return text[:300]

@@ -179,6 +179,6 @@ class RaySandbox:
 
 
 def _short(exc: BaseException) -> str:
-    """Ray's errors end with the cause (faults._short keeps a first line, here a traceback header)."""
+    """Ray's errors end with the cause (faults.one_line keeps a first line, here a traceback header)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]

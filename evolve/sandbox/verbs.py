@@ -10,10 +10,10 @@ from evolve.config import SandboxLimits
 from evolve.sandbox.docker import (
     ENGINE_ERRORS,
     DockerSandbox,
-    _short,
     connect,
     image_missing,
     remove_leftovers,
+    short_error,
 )
 from evolve.sandbox.image import DEFAULT_MIRROR, BuildError, build_image, image_tag
 
@@ -26,7 +26,7 @@ def build(dockerfile: bool = False, mirror: str = DEFAULT_MIRROR, force: bool = 
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except ENGINE_ERRORS as exc:
-        print(f"error: Docker: {_short(exc)} (is dockerd running?)", file=sys.stderr)
+        print(f"error: Docker: {short_error(exc)} (is dockerd running?)", file=sys.stderr)
         return 1
     return 0
 
@@ -70,7 +70,7 @@ def check() -> int:
         client = connect()
         version = client.version()
     except ENGINE_ERRORS as exc:
-        print(f"engine:    not reachable ({_short(exc)}); "
+        print(f"engine:    not reachable ({short_error(exc)}); "
               "start dockerd, then `evolve sandbox build`")
         return 1
     where = os.environ.get("DOCKER_HOST", "the default socket")

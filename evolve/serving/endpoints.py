@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from evolve.events import Event
-from evolve.faults import _short, backoff
+from evolve.faults import backoff, one_line
 from evolve.serving.client import Sample, Sampler
 from evolve.serving.link import TRANSIENT
 
@@ -97,7 +97,7 @@ class EndpointPool:
         endpoint.out_until = time.time() + delay
         live = sum(e.out_until <= time.time() for e in self.endpoints)
         self.report(Event("llm_endpoint", f"policy endpoint {endpoint.url} taken out for {delay:.0f} s: "
-                          f"{exc if isinstance(exc, str) else _short(exc)}; {live} of {len(self.endpoints)} in", {"endpoint": endpoint.url}))
+                          f"{exc if isinstance(exc, str) else one_line(exc)}; {live} of {len(self.endpoints)} in", {"endpoint": endpoint.url}))
 
     async def close(self) -> None:
         for e in self.endpoints:

@@ -8,7 +8,7 @@ from typing import Callable
 import openai
 
 from evolve.events import Event
-from evolve.faults import Fault, Outage, _short
+from evolve.faults import Fault, Outage, one_line
 from evolve.serving.client import Sample, Sampler
 
 RESTART_AFTER = 2  # failed attempts in a row before an embedded server that still runs is restarted
@@ -51,7 +51,7 @@ class PolicyLink:
             try:
                 sample = await self.client.sample(messages, n, seed=seed, **short)
             except TRANSIENT as exc:
-                delay = self.outage.failed(_short(exc))
+                delay = self.outage.failed(one_line(exc))
                 if await self._repair(epoch, exc):
                     continue  # a fresh server: no reason to wait
                 await asyncio.sleep(delay)
@@ -71,7 +71,7 @@ class PolicyLink:
             if not dead and self.outage.attempts < RESTART_AFTER:
                 return False
             if self.restarts >= MAX_RESTARTS:
-                raise Fault(f"the policy server failed {self.restarts} restarts ({_short(exc)}); "
+                raise Fault(f"the policy server failed {self.restarts} restarts ({one_line(exc)}); "
                             f"see {self.server.log_path}")
             self.restarts += 1
             why = "its process exited" if dead else f"{self.outage.attempts} failed attempts"
@@ -81,7 +81,7 @@ class PolicyLink:
             try:
                 await asyncio.to_thread(self.server.restart)
             except Exception as failure:  # noqa: BLE001 - ServerError or a port still held
-                self.report(Event("llm_restart", f"policy server restart failed: {_short(failure)}",
+                self.report(Event("llm_restart", f"policy server restart failed: {one_line(failure)}",
                                   {"restart": self.restarts}))
                 return False
             self.epoch += 1
