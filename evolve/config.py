@@ -93,6 +93,10 @@ class Tuning(Strict):
     structural: bool = True
     share: float = Field(default=0.2, ge=0, le=1)  # ... and this share of the other valid ones
     max_literals: int = Field(default=12, ge=1)  # more than this: a random subset is tuned
+    # The share of LLM calls that ask for a knob: one new number in the construction, written
+    # at a value that leaves the result unchanged, for the tuner to set. Such a child has its
+    # parent's outputs but one more dimension to tune, so it is tuned, not discarded as `same`.
+    knobs: float = Field(default=0.0, ge=0, le=1)
     # Beside the LLM, tune the archive's programs (parents chosen as for the LLM) in turns with
     # it: `background` is the share of wall time given to tuning turns (0: none). In turns, not
     # at once: two cores serve one or the other (measured at once: the server fell from 44 to

@@ -107,7 +107,8 @@ class ScriptedClient:
         pass
 
 
-def write_problem(folder: Path, evaluations: int, tuning: dict | None = None) -> Path:
+def write_problem(folder: Path, evaluations: int, tuning: dict | None = None,
+                  calls: int | None = None) -> Path:
     """The circle-packing problem on SEED in the Docker sandbox; tuning off unless given."""
     data = yaml.safe_load(PROBLEM.read_text())
     del data["program"]
@@ -115,7 +116,8 @@ def write_problem(folder: Path, evaluations: int, tuning: dict | None = None) ->
     data["scorer"] = str(PROBLEM.parent / data["scorer"])
     data["sandbox"] = {"backend": "docker", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}
     data["search"].update(islands=2, migration_every=2, tuning=tuning or {"enabled": False})
-    data["budget"] = {"max_evaluations": evaluations, "llm_concurrency": 1, "eval_concurrency": 2}
+    data["budget"] = {"max_evaluations": evaluations, "max_llm_calls": calls, "llm_concurrency": 1,
+                      "eval_concurrency": 2}
     path = folder / "problem.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -129,10 +131,12 @@ def write_policy(folder: Path) -> Path:
     return path
 
 
-def make_run(run_dir: Path, evaluations: int = 14, tuning: dict | None = None) -> Path:
-    """A finished run in run_dir (run.json, evolve.db, evolve.log, events.jsonl)."""
+def make_run(run_dir: Path, evaluations: int = 14, tuning: dict | None = None, client=None,
+             calls: int | None = None) -> Path:
+    """A finished run in run_dir (run.json, evolve.db, evolve.log, events.jsonl); `client`
+    stands in for the LLM (ScriptedClient by default), `calls`: the budget's max_llm_calls."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    problem_path, policy_path = write_problem(run_dir, evaluations, tuning), write_policy(run_dir)
+    problem_path, policy_path = write_problem(run_dir, evaluations, tuning, calls), write_policy(run_dir)
     spec = {"problem": str(problem_path), "policy": str(policy_path), "seed": 0,
             "db_url": f"sqlite:///{run_dir.resolve() / 'evolve.db'}", "run_name": run_dir.resolve().name,
             "budget": {}}
@@ -142,7 +146,8 @@ def make_run(run_dir: Path, evaluations: int = 14, tuning: dict | None = None) -
     try:
         evaluator = Evaluator(problem)
         with EventLog(run_dir, lambda event: None) as log:
-            controller = Controller(problem, policy, db, evaluator, ScriptedClient(), problem.budget, 0, log)
+            controller = Controller(problem, policy, db, evaluator, client or ScriptedClient(), problem.budget,
+                                    0, log)
             asyncio.run(controller.run())
     finally:
         if "evaluator" in locals():

@@ -21,11 +21,20 @@ def request_seed(*key: int) -> int:
 
 
 def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
-           call_index: int) -> tuple[list[dict], str]:
+           call_index: int, directive: str | None = None) -> tuple[list[dict], str]:
     """The chat messages of one call, and the answer format it asks for."""
     fmt = answer_format(policy, call_index)
     return build_messages(problem, parent, inspirations, policy.answers, policy.sampling.max_prompt_tokens,
-                          fmt, view=policy.program_view), fmt
+                          fmt, directive, view=policy.program_view), fmt
+
+
+def asks_knob(problem: Problem, seed: int, call_index: int) -> bool:
+    """Whether call `call_index` of a run asks for a knob (search.tuning.knobs): a draw keyed
+    by the call, so a resumed run asks the same calls. Only where tuning will set it."""
+    t = problem.search.tuning
+    if not (t.enabled and t.knobs):
+        return False
+    return bool(np.random.default_rng([seed, call_index, 1]).random() < t.knobs)
 
 
 @dataclass(frozen=True)

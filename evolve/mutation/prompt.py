@@ -59,6 +59,21 @@ EXAMPLE_EDITS = [
 ]
 
 
+# The knob request (search.tuning.knobs): the LLM adds a dimension, the tuner moves along it.
+# Concrete forms, since the small models follow an example far better than an abstract ask.
+KNOB = ("Add one new number to the construction that the tuner can adjust later: a named "
+        "parameter set to a value that leaves the result unchanged for now (0.0 for a shift or "
+        "a bend, 1.0 for a scale) and used in the formula of some of the elements, for example "
+        "`tilt = 0.0` with `y = y + tilt * x`, or `squeeze = 1.0` with `x = 0.5 + squeeze * (x - 0.5)`. "
+        "Keep everything else as it is.")
+
+
+# The worked example of a knob request: a new number at its neutral value, used in the formula.
+KNOB_EDIT = ("Add a shift of every other point, neutral at 0.0, for the tuner to set.",
+             "    points = [i * step for i in range(n)]",
+             "    shift = 0.0\n    points = [i * step + shift * (i % 2) for i in range(n)]")
+
+
 def _diff(search: str, replace: str) -> str:
     return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
 
@@ -68,12 +83,14 @@ def _rewrite(search: str, replace: str) -> str:
     return f"```python\n{block.replace(search, replace).rstrip()}\n```"
 
 
-def example_turns(m: int, fmt: str = "diff") -> list[dict]:
-    """A worked example as one user/assistant exchange, in the answer format asked for."""
+def example_turns(m: int, fmt: str = "diff", directive: str | None = None) -> list[dict]:
+    """A worked example as one user/assistant exchange, in the answer format asked for; a
+    knob request's example adds a knob."""
     user = (f"## Problem\nPlace n points in [0, 1] with the largest minimum gap.\n\n"
             f"### Current program (min gap 0.0000)\n```python\n{EXAMPLE_PROGRAM}```\n\n"
-            f"## Task\n{_answer_instructions(m, fmt)}")
-    edits = [EXAMPLE_EDITS[i % len(EXAMPLE_EDITS)] for i in range(m)]
+            f"## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
+    shown = [KNOB_EDIT] if directive == KNOB else EXAMPLE_EDITS
+    edits = [shown[i % len(shown)] for i in range(m)]
     write = _diff if fmt == "diff" else _rewrite
     if m == 1:
         intent, search, replace = edits[0]
@@ -171,7 +188,7 @@ def _chat(problem: Problem, current: str, insp: list, m: int, fmt: str, directiv
             + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False) for i, p in enumerate(insp))
             + current
             + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
-    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt),
+    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt, directive),
             {"role": "user", "content": user}]
 
 

@@ -20,7 +20,7 @@ from evolve.events import Event, Sink, print_sink
 from evolve.faults import Fault, Outage, SandboxFault, fault_of
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation import pipeline
-from evolve.mutation.prompt import dump_messages
+from evolve.mutation.prompt import KNOB, dump_messages
 from evolve.rundir import FINISHED, Stop
 from evolve.search.allocation import Allocation
 from evolve.search.tuning import Trial, changes_structure, tune
@@ -216,7 +216,9 @@ class Controller:
         island = call_index % len(self.db.islands)
         ask = self.db.ask(island, self.rng)
         m = self.policy.answers
-        messages, fmt = pipeline.prompt(self.problem, self.policy, ask.parent, ask.inspirations, call_index)
+        knob = pipeline.asks_knob(self.problem, self.seed, call_index)
+        messages, fmt = pipeline.prompt(self.problem, self.policy, ask.parent, ask.inspirations, call_index,
+                                        KNOB if knob else None)
         version = self.db.policy_version()
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
@@ -351,17 +353,17 @@ class Controller:
     # ---- in-the-loop tuning ----------------------------------------------------------------
     def _wants_tuning(self, child: Program, island_best: bool) -> bool:
         """LLM children worth tuning: each new best of its island, each that changes the code's
-        shape (a new structure needs its own numbers before it pays off) and a share of the
-        others (changes of numbers only: the tuner explores those anyway)."""
+        shape (a new structure needs its own numbers before it pays off; with its parent's
+        outputs, a knob added at its neutral value) and a share of the others (changes of
+        numbers only: the tuner explores those anyway). Never a copy of a stored program."""
         t = self.problem.search.tuning
-        if not t.enabled or child.status != "ok" or child.outcome == "same":
+        if not t.enabled or child.status != "ok" or child.duplicate_of is not None:
             return False
-        if t.new_best and island_best:
-            return True
-        if t.structural and child.parent_id is not None and changes_structure(
-                self.db.get(child.parent_id).code, child.code):
-            return True
-        return self.rng.random() < t.share
+        new_shape = t.structural and child.parent_id is not None and changes_structure(
+            self.db.get(child.parent_id).code, child.code)
+        if child.outcome == "same":  # the parent's outputs: worth tuning only as a new knob
+            return new_shape
+        return (t.new_best and island_best) or new_shape or self.rng.random() < t.share
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)

@@ -28,7 +28,7 @@ from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.code import MutationError, split_answers
 from evolve.mutation.pipeline import request_seed
-from evolve.mutation.prompt import build_messages, make_child
+from evolve.mutation.prompt import KNOB, build_messages, make_child
 from evolve.rundir import RunDir
 from evolve.search.tuning import Trial, changes_structure, tune
 from evolve.serving.client import PolicyClient
@@ -57,6 +57,7 @@ VARIANTS = {
     "rewrite_t1.0": ({"answer_format": "rewrite", "temperature": 1.0}, {}),
     "rewrite_short": ({"answer_format": "rewrite", "max_tokens": 320}, {}),
     "rewrite_directed": ({"answer_format": "rewrite"}, {"directives": True}),
+    "rewrite_knob": ({"answer_format": "rewrite"}, {"directive": KNOB}),
     "rewrite_block": ({"answer_format": "rewrite"}, {"view": "block"}),
     "diff_block": ({"answer_format": "diff"}, {"view": "block"}),
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
@@ -79,12 +80,12 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     sampling = policy.sampling.model_copy(update={k: v for k, v in fields.items() if k != "answer_format"})
     client.policy = policy.model_copy(update={"sampling": sampling})
     fmt = fields.get("answer_format", policy.answer_format)
-    counts = dict(answers=0, applied=0, valid=0, better=0, same=0, structural=0, tokens=0, seconds=0.0,
+    counts = dict(answers=0, applied=0, valid=0, better=0, same=0, structural=0, knobs=0, tokens=0, seconds=0.0,
                   tuned=0, better_tuned=0)
     best = None
     for k in range(calls):
         parent = parents[k % len(parents)]
-        directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else None
+        directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else prompt.get("directive")
         messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt,
                                   directive, view=prompt.get("view", "whole"))
         started = time.time()
@@ -109,10 +110,12 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
             counts["valid"] += 1
             counts["same"] += r.raw == parent.raw
             counts["better"] += r.objective > parent.objective
-            counts["structural"] += changes_structure(parent.code, code)
+            new_shape = changes_structure(parent.code, code)
+            counts["structural"] += new_shape
+            counts["knobs"] += new_shape and r.raw == parent.raw
             if best is None or r.objective > best:
                 best = r.objective
-            if tune_trials and r.raw != parent.raw:
+            if tune_trials and (r.raw != parent.raw or new_shape):  # a knob at its neutral value too
                 # The LLM's worth beside the tuner: the child tuned against the parent tuned,
                 # with the same trials and optimiser seed (paired).
                 s = request_seed(seed, counts["tuned"])
@@ -170,12 +173,12 @@ def main() -> None:
                 print(v, rows[v], flush=True)
             await client.close()
         asyncio.run(all_variants())
-    lines = ["| variant | answers | applied | valid | new shape | better than parent | same as parent | "
-             "better after tuning | best objective | tok/s | s/call |", "|" + "---|" * 11]
+    lines = ["| variant | answers | applied | valid | new shape | new shape, same outputs | better than parent | "
+             "same as parent | better after tuning | best objective | tok/s | s/call |", "|" + "---|" * 12]
     for v, r in rows.items():
         a = max(r["answers"], 1)
         lines.append(f"| {v} | {r['answers']} | {r['applied'] / a:.0%} | {r['valid'] / a:.0%} | "
-                     f"{r.get('structural', '-')} | "
+                     f"{r.get('structural', '-')} | {r.get('knobs', '-')} | "
                      f"{r['better']} ({r['better'] / a:.1%}) | {r['same']} | "
                      f"{r['better_tuned']}/{r['tuned']} | "
                      f"{r['best_objective'] or 0:.4f} | {r['tokens'] / r['seconds']:.0f} | "

@@ -11,6 +11,7 @@ table and a PNG of best headline against wall time:
 Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve       the default: LLM mutations + in-the-loop tuning, the turns following the yield
   evolve_fixed the same with a fixed share of the time for tuning (tuning.adaptive off)
+  evolve_knobs / evolve_noknobs   half / none of the LLM calls ask for a knob (tuning.knobs)
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -47,6 +48,8 @@ from evolve.store.schema import Session as RunSession
 ARMS = {
     "evolve": [],
     "evolve_fixed": ["search.tuning.adaptive=false"],  # an ablation: the turns keep their shares
+    "evolve_knobs": ["search.tuning.knobs=0.5"],  # half the calls ask for a new number to tune
+    "evolve_noknobs": ["search.tuning.knobs=0"],
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],

@@ -79,3 +79,18 @@ def test_block_view_of_a_program_without_markers_shows_it_whole():
     user = build_messages(PROBLEM, prog(0.8, code), [], m=1, max_prompt_tokens=6000,
                           view="block")[-1]["content"]
     assert "### Current program (" in user and "def f(n):" in user
+
+
+def test_a_knob_request_asks_for_it_and_its_example_adds_one():
+    """The knob example must apply and add a new literal at a neutral value, used in the formula."""
+    from evolve.mutation.code import split_answers
+    from evolve.mutation.prompt import KNOB
+    from evolve.search.tuning import changes_structure, float_literals
+    for fmt in ("diff", "rewrite"):
+        msgs = build_messages(PROBLEM, prog(0.8), [], 1, 6000, fmt, KNOB)
+        assert KNOB in msgs[1]["content"] and KNOB in msgs[-1]["content"]
+        child = apply_answer(EXAMPLE_PROGRAM, split_answers(msgs[2]["content"], 1)[0])
+        assert changes_structure(EXAMPLE_PROGRAM, child)
+        assert len(float_literals(child)) == len(float_literals(EXAMPLE_PROGRAM)) + 1
+        plain = build_messages(PROBLEM, prog(0.8), [], 1, 6000, fmt)
+        assert KNOB not in plain[1]["content"] + plain[-1]["content"]

@@ -179,3 +179,43 @@ def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
         llm = s.scalars(select(Program).where(Program.origin == "mutation", Program.status.in_(EVALUATED),
                                               Program.duplicate_of.is_(None))).all()
         assert len(llm) + sum(t.trials for t in tunings) == 30
+
+
+def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_path):
+    """`tuning.knobs`: the calls ask for a new number at its neutral value. The child that adds
+    one has its parent's outputs (outcome `same`, earning nothing) but is tuned, since its new
+    number is a dimension the parent lacks; a child that only rewords a comment is not."""
+    from scripted_run import BODY, ScriptedClient, diff, make_run
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from evolve.mutation.prompt import KNOB
+    from evolve.serving.client import Sample
+    from evolve.store.schema import Completion, LLMCall, Program, Tuning
+
+    stack = "    centers = np.stack([(index % side + 0.5) * cell, (index // side + 0.5) * cell], axis=1)"
+    knob = diff("A tilt to tune.", stack, f"{stack}\n    tilt = 0.0\n    centers[:, 1] += tilt * centers[:, 0]")
+    comment = diff("Say why.", BODY.splitlines()[2], "    # Just below half a cell: the judge has zero tolerance.")
+
+    class KnobClient(ScriptedClient):
+        async def sample(self, messages, n, seed=None) -> Sample:
+            sample = await super().sample(messages, n, seed)
+            sample.texts = [(knob, comment)[i % 2] for i in range(n)]
+            return sample
+
+    # Three calls, then the run ends once every tuning they started has run (the budget's
+    # evaluations are far from spent, so none is cut short).
+    run = make_run(tmp_path / "run", evaluations=200, calls=3, client=KnobClient(),
+                   tuning={"enabled": True, "trials": 4, "share": 0.0, "new_best": False, "knobs": 1.0})
+    with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
+        calls = s.scalars(select(LLMCall)).all()
+        assert calls and all(KNOB in call.prompt for call in calls)
+        tuned_parents = {t.parent_id for t in s.scalars(select(Tuning))}
+        llm = s.scalars(select(Program).where(Program.origin == "mutation", Program.status == "ok",
+                                              Program.duplicate_of.is_(None))).all()
+        answer = {c.id: c.text for c in s.scalars(select(Completion))}
+        knobs = [p for p in llm if answer[p.completion_id] == knob and p.outcome == "same"]
+        comments = [p for p in llm if answer[p.completion_id] == comment]
+        assert knobs and comments
+        assert all(p.id in tuned_parents for p in knobs)
+        assert not any(p.id in tuned_parents for p in comments)
