@@ -166,29 +166,31 @@ def _answer_instructions(m: int, fmt: str = "diff") -> str:
 
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
                    max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None,
-                   view: str = "whole") -> list[dict]:
+                   view: str = "whole", plain_example: bool = False) -> list[dict]:
     """Chat messages for one mutation request in answer format `fmt` (diff | rewrite | complete),
-    dropping inspirations to stay in budget. `directive`: the kind of change asked for;
-    `view`: how the parent is shown (Policy.program_view)."""
+    dropping inspirations to stay in budget. `directive`: the kind of change asked for, which
+    the worked example follows too unless `plain_example`; `view`: how the parent is shown
+    (Policy.program_view)."""
     insp = list(inspirations)
     current = _current_section(parent, problem, view) if fmt != "complete" else ""
     while True:
         if fmt == "complete":
             messages = versions_messages(problem, parent, insp)
         else:
-            messages = _chat(problem, current, insp, m, fmt, directive)
+            messages = _chat(problem, current, insp, m, fmt, directive, plain_example)
         if not insp or estimate_tokens(messages) <= max_prompt_tokens:
             return messages
         insp.pop()  # the last inspirations are the least useful (diverse ones come last)
 
 
-def _chat(problem: Problem, current: str, insp: list, m: int, fmt: str, directive: str | None) -> list[dict]:
+def _chat(problem: Problem, current: str, insp: list, m: int, fmt: str, directive: str | None,
+          plain_example: bool = False) -> list[dict]:
     """The instructions, a worked example in the answer format, then the request."""
     user = (f"## Problem\n{problem.description.strip()}\n\n"
             + "".join(_program_section(f"Inspiration {i + 1}", p, problem, False) for i, p in enumerate(insp))
             + current
             + "\n## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
-    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt, directive),
+    return [{"role": "system", "content": SYSTEM + "\n" + RULES[fmt]}, *example_turns(m, fmt, None if plain_example else directive),
             {"role": "user", "content": user}]
 
 

@@ -23,7 +23,7 @@ from evolve.mutation import pipeline
 from evolve.mutation.prompt import KNOB, dump_messages
 from evolve.rundir import FINISHED, Stop
 from evolve.search.allocation import Allocation
-from evolve.search.tuning import Trial, changes_structure, tune
+from evolve.search.tuning import Trial, adds_knob, changes_structure, tune
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import (
@@ -359,11 +359,11 @@ class Controller:
         t = self.problem.search.tuning
         if not t.enabled or child.status != "ok" or child.duplicate_of is not None:
             return False
-        new_shape = t.structural and child.parent_id is not None and changes_structure(
-            self.db.get(child.parent_id).code, child.code)
+        parent = self.db.get(child.parent_id).code if child.parent_id is not None else None
         if child.outcome == "same":  # the parent's outputs: worth tuning only as a new knob
-            return new_shape
-        return (t.new_best and island_best) or new_shape or self.rng.random() < t.share
+            return t.structural and parent is not None and adds_knob(parent, child.code)
+        return ((t.new_best and island_best) or (t.structural and parent is not None and changes_structure(
+            parent, child.code)) or self.rng.random() < t.share)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)

@@ -77,6 +77,12 @@ def changes_structure(parent: str, child: str) -> bool:
     return before is None or after is None or before != after
 
 
+def adds_knob(parent: str, child: str) -> bool:
+    """True if the child has more float literals than its parent and another shape: with its
+    parent's outputs, a new number at its neutral value, a dimension for the tuner."""
+    return len(float_literals(child)) > len(float_literals(parent)) and changes_structure(parent, child)
+
+
 def _is_docstring(tokens: list[tokenize.TokenInfo], i: int) -> bool:
     """A string that is a statement of its own (a docstring): it says, it does nothing."""
     before = tokens[i - 1].type if i else tokenize.NEWLINE

@@ -30,7 +30,7 @@ from evolve.mutation.code import MutationError, split_answers
 from evolve.mutation.pipeline import request_seed
 from evolve.mutation.prompt import KNOB, build_messages, make_child
 from evolve.rundir import RunDir
-from evolve.search.tuning import Trial, changes_structure, tune
+from evolve.search.tuning import Trial, adds_knob, changes_structure, tune
 from evolve.serving.client import PolicyClient
 from evolve.serving.server import start_policy_server
 from evolve.store.database import connect
@@ -58,6 +58,8 @@ VARIANTS = {
     "rewrite_short": ({"answer_format": "rewrite", "max_tokens": 320}, {}),
     "rewrite_directed": ({"answer_format": "rewrite"}, {"directives": True}),
     "rewrite_knob": ({"answer_format": "rewrite"}, {"directive": KNOB}),
+    # the knob request with the usual worked example (the knob example is copied whole)
+    "rewrite_knob_plain": ({"answer_format": "rewrite"}, {"directive": KNOB, "plain_example": True}),
     "rewrite_block": ({"answer_format": "rewrite"}, {"view": "block"}),
     "diff_block": ({"answer_format": "diff"}, {"view": "block"}),
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
@@ -87,7 +89,8 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
         parent = parents[k % len(parents)]
         directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else prompt.get("directive")
         messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt,
-                                  directive, view=prompt.get("view", "whole"))
+                                  directive, view=prompt.get("view", "whole"),
+                                  plain_example=prompt.get("plain_example", False))
         started = time.time()
         sample = await client.sample(messages, sampling.group_size, seed=request_seed(seed, k))
         counts["seconds"] += time.time() - started
@@ -112,10 +115,10 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
             counts["better"] += r.objective > parent.objective
             new_shape = changes_structure(parent.code, code)
             counts["structural"] += new_shape
-            counts["knobs"] += new_shape and r.raw == parent.raw
+            counts["knobs"] += r.raw == parent.raw and adds_knob(parent.code, code)
             if best is None or r.objective > best:
                 best = r.objective
-            if tune_trials and (r.raw != parent.raw or new_shape):  # a knob at its neutral value too
+            if tune_trials and (r.raw != parent.raw or adds_knob(parent.code, code)):  # a knob too
                 # The LLM's worth beside the tuner: the child tuned against the parent tuned,
                 # with the same trials and optimiser seed (paired).
                 s = request_seed(seed, counts["tuned"])
