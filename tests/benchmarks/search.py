@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from evolve.config import load_problem
 from evolve.rundir import RunDir
+from evolve.search.tuning import changes_structure
 from evolve.store.database import connect
 from evolve.store.schema import Evaluation, LLMCall, Program, Tuning
 from evolve.store.schema import Session as RunSession
@@ -105,6 +106,8 @@ def measure(run_dir: Path, minutes: float) -> dict:
         calls = s.execute(select(LLMCall.started_at, LLMCall.latency_s, LLMCall.completion_tokens)
                           .where(LLMCall.error.is_(None))).all()
         sessions = s.execute(select(RunSession.started_at, RunSession.ended_at).order_by(RunSession.id)).all()
+        lineage = {pid: (parent, origin, code) for pid, parent, origin, code in
+                   s.execute(select(Program.id, Program.parent_id, Program.origin, Program.code))}
     # a session killed without ending: it lasted until its last evaluation
     bounds = [start for start, _ in sessions][1:] + [float("inf")]
     last = [max([e for *_, e in rows if start <= e < bound] or [start])
@@ -142,7 +145,20 @@ def measure(run_dir: Path, minutes: float) -> dict:
         "operators": per_op, "improvements_by": found_by,
         "tokens": tokens, "tokens_per_s_generating": tokens / generating if generating else None,
         "llm_busy_share": generating / (minutes * 60),
+        "best_llm_ancestors": llm_ancestors(lineage, best[2]) if best else 0,
     }
+
+
+def llm_ancestors(lineage: dict, pid: int) -> int:
+    """LLM children in a program's ancestry (itself included) that changed their parent's
+    structure: the LLM's share in a best found by tuning."""
+    count = 0
+    while pid is not None:
+        parent, origin, code = lineage[pid]
+        if origin == "mutation" and parent is not None and changes_structure(lineage[parent][2], code):
+            count += 1
+        pid = parent
+    return count
 
 
 def rate(d: dict, key: str) -> str:
@@ -152,7 +168,7 @@ def rate(d: dict, key: str) -> str:
 def table(results: dict, minutes: float, headline: str) -> str:
     lines = [f"| arm | seed | best {headline} at {minutes:g} min | found by | first improvement (min) | "
              "evals/min | valid answers | improving LLM | improving tuned | same as parent (LLM) | "
-             "tok/s generating |", "|" + "---|" * 11]
+             "tok/s generating | LLM shapes in the best's lineage |", "|" + "---|" * 12]
     for (arm, seed), r in sorted(results.items()):
         ops = r["operators"]
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -161,7 +177,7 @@ def table(results: dict, minutes: float, headline: str) -> str:
             f"{fmt(r['first_improvement_min'], '.1f')} | {r['evals_per_min']:.1f} | "
             f"{fmt(r['valid_answer_rate'], '.1%')} | {rate(ops['mutation'], 'better')} | "
             f"{rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
-            f"{fmt(r['tokens_per_s_generating'], '.0f')} |")
+            f"{fmt(r['tokens_per_s_generating'], '.0f')} | {r.get('best_llm_ancestors', '-')} |")
     medians = {}
     for (arm, _), r in results.items():
         medians.setdefault(arm, []).append(r["best_headline"] or 0.0)
