@@ -375,7 +375,7 @@ class Controller:
         the number of trials spent (0: nothing to tune, or no budget) and the child's objective."""
         t = self.problem.search.tuning
         started = time.time()
-        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
+        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.draw_sigma(self.rng),
                            pipeline.request_seed(self.seed, parent.id), t.max_literals, self.rng)
         if tuned.best is None:
             return tuned.trials, None

@@ -219,3 +219,23 @@ def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_pat
         assert knobs and comments
         assert all(p.id in tuned_parents for p in knobs)
         assert not any(p.id in tuned_parents for p in comments)
+
+
+@pytest.mark.parametrize("sigma", [0.0, -0.1, [0.5, 0.1], [0.0, 0.3]])
+def test_a_step_must_be_positive_and_a_range_ordered(sigma):
+    from pydantic import ValidationError
+
+    from evolve.config import Tuning
+    with pytest.raises(ValidationError, match="sigma"):
+        Tuning(sigma=sigma)
+
+
+def test_each_tuning_draws_its_step_from_the_range_reproducibly():
+    from evolve.config import Tuning
+    assert Tuning(sigma=0.2).draw_sigma(np.random.default_rng(0)) == 0.2
+    spread = Tuning(sigma=[0.1, 0.5])
+    steps = [spread.draw_sigma(np.random.default_rng(k)) for k in range(400)]
+    assert all(0.1 <= s <= 0.5 for s in steps)
+    below = sum(s < (0.1 * 0.5) ** 0.5 for s in steps)  # log-uniform: half below the geometric mean
+    assert 150 < below < 250  # fixed draws: the same count every run
+    assert steps == [spread.draw_sigma(np.random.default_rng(k)) for k in range(400)]
