@@ -8,8 +8,12 @@ tuned for ROUNDS rounds of TRIALS CMA-ES trials (every round starts from the bes
 a new optimiser seed, as the search tunes its archive's bests again), every trial through the
 problem's real sandbox and judge:
 
-    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --rounds 6
-    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --run runs/bench-x/evolve-s0
+    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --rounds 6 --seeds 0 1
+    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --trials 40 --rounds 45 --sigma 0.1
+    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --families --run runs/bench-x/evolve-s0
+
+With the problem's own `search.tuning` (trials, sigma) it shows what the search's tunings can
+reach; `--trials` and `--sigma` compare other settings on the same budget of trials.
 
 Programs: the problem's seed; with `--families`, hand-written shapes made from the seed (below:
 one idea each, every new number at a value that leaves the seed's outputs unchanged, so each
@@ -107,7 +111,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, help="CMA-ES trials per round (default: the problem's)")
     ap.add_argument("--sigma", type=float, nargs="+", help="a first step, or LOW HIGH to draw from "
                     "(default: the problem's search.tuning.sigma)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="optimiser seeds (a row each)")
     ap.add_argument("--families", action="store_true", help="the hand-written shapes as well")
     ap.add_argument("--run", type=Path, help="a run directory: its LLM children's new shapes")
     ap.add_argument("--max-shapes", type=int, default=8)
@@ -131,8 +135,10 @@ def main() -> None:
 
         async def all_programs():
             for name, code in programs.items():
-                rows[name] = await ceiling(evaluator, code, args.rounds, args.trials, tuning, args.seed)
-                print(name, {k: v for k, v in rows[name].items() if k != "code"}, flush=True)
+                for seed in args.seeds:
+                    key = f"{name} (seed {seed})"
+                    rows[key] = await ceiling(evaluator, code, args.rounds, args.trials, tuning, seed)
+                    print(key, {k: v for k, v in rows[key].items() if k != "code"}, flush=True)
         asyncio.run(all_programs())
     trials = args.rounds * args.trials
     lines = [f"sigma {tuning.sigma}, {args.rounds} rounds of {args.trials} trials", "",
