@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,11 @@ class Controller:
         self.llm_turn.set()
         t = problem.search.tuning
         self.allocation = Allocation(t.background, t.adaptive)
+        # With turns, the LLM children worth tuning wait for the next tuning turn, which takes
+        # them first: a tuning (300 trials) run beside the server in the LLM's turn would take
+        # the cores from it. Kept in memory: a resume tunes the archive's programs instead.
+        self.turns = problem.search.llm and t.enabled and t.background > 0
+        self.to_tune: deque[Program] = deque()
 
     # ---- top level -----------------------------------------------------------------------
     async def run(self) -> str:
@@ -323,7 +329,10 @@ class Controller:
         if ran is None:
             return  # over budget: the child stays pending for a resume with a larger budget
         if self._wants_tuning(child, self._store(child, *ran)):
-            self._spawn(self._tune(child))
+            if self.turns:
+                self.to_tune.append(child)
+            else:
+                self._spawn(self._tune(child))
 
     def _store(self, child: Program, result, started: float, *extra) -> bool:
         """The child's result, its evaluation (and any rows that go with it) in one commit.
@@ -415,8 +424,10 @@ class Controller:
         """`tuning.background`: the LLM and tuning of the archive's programs take turns with the
         cores, tuning's share of a cycle set by `allocation`. The LLM's turn is its share of
         `turn_s`, and ends once the answers in flight are in; tuning's turn then lasts its share
-        of the cycle so far (its last tuning finishes first). The LLM is credited with what the
-        best objective rose in a cycle beyond what the tuning turn's own children raised it by."""
+        of the cycle so far (its last tuning finishes first) and tunes the LLM children waiting
+        for it before the archive's programs. The LLM is credited with what the best objective
+        rose in a cycle beyond what tuning of the archive's programs raised it by (a tuned LLM
+        child is the LLM's: its structure made it)."""
         t = self.problem.search.tuning
         rounds = 0
         while True:
@@ -435,9 +446,12 @@ class Controller:
                 end = turn + (turn - started) * share / (1 - share)
                 tuning_gain = 0.0
                 while time.time() < end and self._budget_left() is None:
+                    before = self._best_objective()
+                    if self.to_tune:
+                        await self._tune(self.to_tune.popleft())
+                        continue
                     rounds += 1
-                    before, parent = self._best_objective(), self.db.ask(rounds % len(self.db.islands), self.rng).parent
-                    trials, objective = await self._tune(parent)
+                    trials, objective = await self._tune(self.db.ask(rounds % len(self.db.islands), self.rng).parent)
                     if not trials:
                         await asyncio.sleep(0.5)  # nothing to tune on this island
                     tuning_gain += max(0.0, (objective or 0.0) - before)

@@ -181,6 +181,37 @@ def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
         assert len(llm) + sum(t.trials for t in tunings) == 30
 
 
+def test_with_turns_the_llm_children_are_tuned_in_tuning_turns_not_beside_the_server(tmp_path):
+    """`tuning.background`: an LLM child worth tuning waits for the next tuning turn, which takes
+    it before the archive's programs, so no tuning of an LLM child runs while a call is in
+    flight (two cores serve one or the other). Only the seed's tuning starts at once."""
+    import asyncio
+    import time
+
+    from scripted_run import ScriptedClient, make_run
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    from evolve.store.schema import LLMCall, Program, Tuning
+
+    class SlowClient(ScriptedClient):  # calls that take a while, as a server's do
+        async def sample(self, messages, n, seed=None):
+            started = time.time()
+            await asyncio.sleep(0.3)
+            sample = await super().sample(messages, n, seed)
+            sample.started_at, sample.latency_s = started, time.time() - started
+            return sample
+
+    run = make_run(tmp_path / "run", evaluations=80, client=SlowClient(),
+                   tuning={"enabled": True, "trials": 4, "share": 1.0, "background": 0.5, "turn_s": 1.0})
+    with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
+        calls = [(c.started_at, c.started_at + c.latency_s) for c in s.scalars(select(LLMCall))]
+        of_llm = [t for t in s.scalars(select(Tuning)) if s.get(Program, t.parent_id).origin == "mutation"]
+    assert calls and of_llm
+    for t in of_llm:
+        assert not any(start < t.started_at + t.elapsed_s and t.started_at < end for start, end in calls)
+
+
 def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_path):
     """`tuning.knobs`: the calls ask for a new number at its neutral value. The child that adds
     one has its parent's outputs (outcome `same`, earning nothing) but is tuned, since its new
