@@ -177,7 +177,10 @@ class Controller:
         self.emit("seed", f"seed: {self._scores(result)}", program=first.id, headline=result.headline,
                   objective=result.objective)
         if self.problem.search.tuning.enabled and self.problem.search.llm:
-            self._spawn(self._tune(first))  # the seed is the first best of its island
+            if self.turns:  # before the first turn: its gain is neither turn's (the LLM's, beside it)
+                await self._tune(first)
+            else:
+                self._spawn(self._tune(first))  # the seed is the first best of its island
 
     async def _resume_pending(self) -> None:
         pending = self.db.pending()

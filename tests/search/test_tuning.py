@@ -184,7 +184,7 @@ def test_background_tuning_beside_the_llm_ends_with_the_budget(tmp_path):
 def test_with_turns_the_llm_children_are_tuned_in_tuning_turns_not_beside_the_server(tmp_path):
     """`tuning.background`: an LLM child worth tuning waits for the next tuning turn, which takes
     it before the archive's programs, so no tuning of an LLM child runs while a call is in
-    flight (two cores serve one or the other). Only the seed's tuning starts at once."""
+    flight (two cores serve one or the other). The seed is tuned before the first turn."""
     import asyncio
     import time
 
@@ -206,8 +206,10 @@ def test_with_turns_the_llm_children_are_tuned_in_tuning_turns_not_beside_the_se
                    tuning={"enabled": True, "trials": 4, "share": 1.0, "background": 0.5, "turn_s": 1.0})
     with Session(create_engine(f"sqlite:///{run / 'evolve.db'}")) as s:
         calls = [(c.started_at, c.started_at + c.latency_s) for c in s.scalars(select(LLMCall))]
-        of_llm = [t for t in s.scalars(select(Tuning)) if s.get(Program, t.parent_id).origin == "mutation"]
-    assert calls and of_llm
+        tunings = s.scalars(select(Tuning).order_by(Tuning.id)).all()
+        of_llm = [t for t in tunings if s.get(Program, t.parent_id).origin == "mutation"]
+        assert s.get(Program, tunings[0].parent_id).origin == "seed"
+    assert calls and of_llm and tunings[0].started_at + tunings[0].elapsed_s <= min(start for start, _ in calls)
     for t in of_llm:
         assert not any(start < t.started_at + t.elapsed_s and t.started_at < end for start, end in calls)
 
