@@ -75,6 +75,10 @@ def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, polic
     with open(run_dir / "bench.log", "a") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     meta.write_text(json.dumps({"command": cmd, "launches": launches, "done": rc == 0, "rc": rc}))
+    if rc != 0:  # the other arms would fail the same way (no Docker, no model): say why and stop
+        tail = (run_dir / "bench.log").read_text().splitlines()[-3:]
+        sys.exit(f"[bench] {arm} seed {seed} failed (exit {rc}); rerun the same command to resume. "
+                 f"{run_dir / 'bench.log'} ends:\n" + "\n".join(tail))
     return run_dir
 
 
