@@ -10,14 +10,14 @@ problem's real sandbox and judge:
 
     python tests/benchmarks/ceiling.py problems/circle_packing.yaml --rounds 6 --seeds 0 1
     python tests/benchmarks/ceiling.py problems/circle_packing.yaml --trials 40 --rounds 45 --sigma 0.1
-    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --families --run runs/bench-x/evolve-s0
+    python tests/benchmarks/ceiling.py problems/circle_packing.yaml --families --run runs/bench-x/evolve-s0 runs/bench-x/llm_only-s0
 
 With the problem's own `search.tuning` (trials, sigma) it shows what the search's tunings can
 reach; `--trials` and `--sigma` compare other settings on the same budget of trials.
 
 Programs: the problem's seed; with `--families`, hand-written shapes made from the seed (below:
 one idea each, every new number at a value that leaves the seed's outputs unchanged, so each
-starts where the seed starts); with `--run RUN_DIR`, the valid LLM children of that run whose
+starts where the seed starts); with `--run RUN_DIR ...`, the valid LLM children of that run whose
 shape differs from their parent's (one per shape, the best scored), as the model wrote them.
 """
 from __future__ import annotations
@@ -66,12 +66,14 @@ def families(problem) -> dict[str, str]:
 
 
 def llm_shapes(run_dir: Path, limit: int) -> dict[str, str]:
-    """The best-scored valid LLM child of each shape that differs from its parent's."""
+    """The best-scored valid LLM child of each shape that differs from its parent's (and whose
+    outputs differ too: a new shape with the parent's outputs is the parent's ceiling again)."""
     spec = RunDir(run_dir).spec()
     with Session(connect(spec["db_url"])) as s:
         parents = dict(s.execute(select(Program.id, Program.code)).all())
         rows = s.execute(select(Program.id, Program.parent_id, Program.code)
-                         .where(Program.origin == "mutation", Program.status == "ok")
+                         .where(Program.origin == "mutation", Program.status == "ok",
+                                Program.outcome != "same")
                          .order_by(Program.objective.desc())).all()
     out, seen = {}, set()
     for pid, parent, code in rows:
@@ -79,7 +81,7 @@ def llm_shapes(run_dir: Path, limit: int) -> dict[str, str]:
         if key in seen or parent is None or not changes_structure(parents[parent], code):
             continue
         seen.add(key)
-        out[f"llm#{pid}"] = code
+        out[f"{run_dir.name}#{pid}"] = code
         if len(out) >= limit:
             break
     return out
@@ -113,7 +115,7 @@ def main() -> None:
                     "(default: the problem's search.tuning.sigma)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="optimiser seeds (a row each)")
     ap.add_argument("--families", action="store_true", help="the hand-written shapes as well")
-    ap.add_argument("--run", type=Path, help="a run directory: its LLM children's new shapes")
+    ap.add_argument("--run", type=Path, nargs="+", default=[], help="run directories: their LLM children's new shapes")
     ap.add_argument("--max-shapes", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("runs/ceiling"))
     args = ap.parse_args()
@@ -125,8 +127,8 @@ def main() -> None:
     programs = {"seed": problem.seed_code()}
     if args.families:
         programs |= families(problem)
-    if args.run:
-        programs |= llm_shapes(args.run, args.max_shapes)
+    for run_dir in args.run:
+        programs |= llm_shapes(run_dir, args.max_shapes)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = {}
     with ExitStack() as stack:
