@@ -245,7 +245,9 @@ class Server(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8011, ge=1, le=65535)
     max_model_len: int = Field(default=16384, ge=512)
-    dtype: str = "bfloat16"
+    # auto: bfloat16 where the CPU computes in it natively, float32 elsewhere (an AVX2-only CPU
+    # emulates bf16: evolve/serving/server.py serving_dtype); any vLLM --dtype value otherwise.
+    dtype: str = "auto"
     startup_timeout_s: float = Field(default=600, gt=0)
     # A request not answered in this long counts as a hung server: retried, and the embedded
     # server is restarted. One group of 8 answers takes ~1-3 min on two CPU cores.

