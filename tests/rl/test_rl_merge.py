@@ -9,11 +9,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from evolve.config import Server
-from evolve.rl.hook import SERVED_TOLERANCE
-from evolve.serving.server import VLLMServer
 from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
-from tests.rl.test_rl_run import PORT, grpo_policy, run_humaneval, served_vs_trained
+from tests.rl.test_rl_run import PORT, grpo_policy, run_humaneval
 from tests.test_run import MODEL, db_session, evolve
 
 pytestmark = pytest.mark.real
@@ -22,7 +19,8 @@ pytestmark = pytest.mark.real
 def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     """`train.serve: merge` (the CPU default): the run's own server restarts on each published
     version merged into the weights, later calls go to it by name, one merged copy stays on
-    disk, a resume comes back on it, and those weights give the trainer's log-probs."""
+    disk, a resume comes back on it, and those weights give the trainer's log-probs (the
+    run-time check on the first call after each restart)."""
     policy = tmp_path / "merge.yaml"
     policy.write_text(grpo_policy(tmp_path / "x.yaml", "test-merge", "null").read_text()
                       .replace(f"port: {PORT}", f"port: {PORT + 1}")
@@ -51,11 +49,3 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
         call = s.scalars(select(LLMCall).order_by(LLMCall.id.desc())).first()
         assert call.policy_version >= latest.version and call.error is None and call.model.startswith("test-merge-v")
 
-    # The merged weights serve what the trainer trained (base + adapter, from disk).
-    with db_session(run_dir) as s:
-        latest = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version.desc())).first()
-    weights = run_dir / "merged" / f"v{latest.version}"
-    settings = Server(port=PORT + 2, max_model_len=8192, extra_args=["--enforce-eager"])
-    with VLLMServer(weights, latest.model, settings, tmp_path / "merged.log") as merged:
-        gap = served_vs_trained(merged, latest)
-    assert gap["mean"] < SERVED_TOLERANCE["mean"] and gap["max"] < SERVED_TOLERANCE["max"], gap

@@ -175,6 +175,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_the_guard_never_serves_a_broken_adapter(server, tmp_path):
     policy = grpo_policy(tmp_path / "guarded.yaml", "test-guarded", "{parents: 2, answers: 8, margin: 0.05}")
     script = tmp_path / "broken_evolve.py"
@@ -217,6 +218,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_serve_the_trained_adapter_is_caught_on_its_first_call(server, tmp_path):
     policy = grpo_policy(tmp_path / "unguarded.yaml", "test-skewed", "null")  # the check, not the guard
     script = tmp_path / "skewed_evolve.py"
