@@ -125,15 +125,18 @@ def test_a_stop_request_abandons_the_step(model_dir):
         t.step([_random_sequence()], stop)
 
 
-def test_log_probs_come_from_fp32_logits_of_the_bf16_body(model_dir):
+def test_log_probs_come_from_fp32_logits_of_the_body_in_its_compute_dtype(model_dir):
     """bf16 logits would be quantised (spacing 0.06-0.12 at typical magnitudes): as much as a
-    PPO ratio's clip range. The body runs in bf16; the head's matmul runs in fp32."""
+    PPO ratio's clip range. The body runs in the hardware's compute dtype (bf16 where the CPU
+    does it natively, fp32 elsewhere); the head's matmul always runs in fp32."""
     t = Trainer(model_dir, Train(algorithm="grpo"), temperature=0.8)
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert t.dtype == (torch.bfloat16 if native else torch.float32)
     seq = _random_sequence(lengths=(12, 7), advantages=(1.0, -1.0))
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), t._autocast():
         prompt_kv, first = t._prompt(seq.prompt)
         hidden = t._body(input_ids=seq.prompt[None]).last_hidden_state
-    assert hidden.dtype == torch.bfloat16 and first.dtype == torch.float32
+    assert hidden.dtype == t.dtype and first.dtype == torch.float32
     assert float((first - first.to(torch.bfloat16).float()).abs().max()) > 0.01  # what bf16 would lose
     # the same fp32 head on the same hidden state, outside any autocast
     expected = hidden[:, -1].float() @ t.model.get_output_embeddings().weight.float().T
