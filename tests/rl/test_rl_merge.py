@@ -16,6 +16,8 @@ from tests.test_run import MODEL, db_session, evolve
 pytestmark = pytest.mark.real
 
 
+# Slow: 1,205 s on an AVX2-only CPU (fp32 training), which CI's 90 minutes cannot carry.
+@pytest.mark.slow
 def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     """`train.serve: merge` (the CPU default): the run's own server restarts on each published
     version merged into the weights, later calls go to it by name, one merged copy stays on

@@ -98,8 +98,8 @@ def first_tokens(server: VLLMServer, model: str) -> tuple[str, list[float]]:
     return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
 
 
-# Slow: on an AVX2-only CPU (AMD Zen 3) its training step under the hot-load server ran past the
-# run's 900 s (the merge test's step took 218 s on the same machine); the cause is open.
+# Slow: on an AVX2-only CPU (AMD Zen 3) the run was killed (-9, out of memory) in its training
+# step: the fp32 trainer (about 9.6 GB) beside this module's LoRA-enabled fp32 server.
 @pytest.mark.slow
 def test_the_hook_trains_hot_loads_and_resumes(server, policy, tmp_path):
     run_dir = tmp_path / "run"
