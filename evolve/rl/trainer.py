@@ -28,6 +28,7 @@ from transformers.utils import logging as hf_logging
 from evolve.config import Train
 from evolve.rl.loss import importance_weights, policy_loss, token_logprobs
 from evolve.rl.rollouts import Group
+from evolve.serving.server import cpu_computes_bf16
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -318,7 +319,7 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     Zen 3 here) emulates bf16: a training step ran 10-80x slower in it than in fp32."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_computes_bf16() else torch.float32  # the server's rule too
 
 
 def peak_rss_mb() -> float:

@@ -31,19 +31,24 @@ from evolve import config
 
 
 def serving_dtype(setting: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """`auto`: bf16 where the CPU computes in it natively (AVX-512 BW/VL/DQ, torch's own test
-    for its oneDNN bf16 path), fp32 elsewhere. On an AVX2-only CPU (AMD Zen 3, measured here)
-    fp32 served 1.6x the tokens/s of bf16 at n=8 and prefilled a 3.8k-token prompt 2.7x faster."""
+    """`auto`: bf16 where the CPU computes in it natively, fp32 elsewhere. On an AVX2-only CPU
+    (AMD Zen 3, measured here) fp32 served 1.6x the tokens/s of bf16 at n=8 and prefilled a
+    3.8k-token prompt 2.7x faster."""
     if setting != "auto":
         return setting
+    return "bfloat16" if cpu_computes_bf16(cpuinfo) else "float32"
+
+
+def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Torch's own test for its oneDNN bf16 path (AVX-512 BW/VL/DQ), read from the CPU flags so
+    that the engine need not import torch; the trainer asks the same. Not an x86 Linux CPU:
+    true (the model's own dtype, as vLLM would choose)."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
         lines = []
     flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), None)
-    if flags is None:
-        return "bfloat16"  # not an x86 Linux CPU: the model's own dtype, as vLLM would choose
-    return "bfloat16" if {"avx512bw", "avx512vl", "avx512dq"} <= flags else "float32"
+    return flags is None or {"avx512bw", "avx512vl", "avx512dq"} <= flags
 
 
 class ServerError(Exception):
