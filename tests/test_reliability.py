@@ -452,6 +452,18 @@ def test_a_second_process_on_the_same_run_directory_is_refused_in_one_line(tmp_p
     assert done(db) == 20
 
 
+def test_the_wall_time_cuts_a_call_in_flight(tmp_path, docker_ready):
+    """A call of 8 answers takes minutes on two CPU cores: at the wall time the run stops
+    without waiting for it (each scripted call here would take 10 minutes)."""
+    command, run_dir, db = setup_run(tmp_path, 10_000)
+    done = finish(command + ["--wall-time", "5"], timeout=550, SCRIPTED_DELAY="600")
+    assert done.returncode == 0 and "stopped: wall time reached" in done.stdout, done
+    calls = query(db, "SELECT error, latency_s FROM llm_calls")
+    assert calls and all(error == "cancelled" and latency < 300 for error, latency in calls), calls
+    (started, ended), = query(db, "SELECT started_at, ended_at FROM sessions")
+    assert ended - started < 300, ended - started  # the wall time, not the ten minutes of the call
+
+
 def test_a_session_killed_with_9_counts_in_the_wall_time_up_to_its_last_heartbeat(tmp_path, docker_ready):
     command, run_dir, db = setup_run(tmp_path, 10_000)
     proc = start(command + ["--wall-time", "3600"], SCRIPTED_DELAY="0.2")

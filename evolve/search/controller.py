@@ -152,12 +152,19 @@ class Controller:
             return Stop.BUDGET
         if b.max_llm_calls is not None and self.base_calls + self.stats.calls >= b.max_llm_calls:
             return Stop.LLM_CALLS
-        if b.wall_time_s is not None and self.past_wall + time.time() - self.stats.started >= b.wall_time_s:
+        if (left := self._wall_left()) is not None and left <= 0:
             return Stop.WALL_TIME
         if b.target_objective is not None and (best := self.db.best()) is not None \
                 and best.objective >= b.target_objective - 1e-12:
             return Stop.TARGET
         return None
+
+    def _wall_left(self) -> float | None:
+        """Seconds left of the wall-time budget (None: none set), over all sessions."""
+        b = self.budget
+        if b.wall_time_s is None:
+            return None
+        return max(b.wall_time_s - self.past_wall - (time.time() - self.stats.started), 0.0)
 
     # ---- seed and pending ----------------------------------------------------------------
     async def _ensure_seed(self) -> None:
@@ -232,15 +239,22 @@ class Controller:
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=version.version,
                        model=self.client.model, prompt=dump_messages(messages),
                        n=self.policy.sampling.group_size, started_at=time.time())
+        # Cut at the wall time: a call of 8 answers takes minutes on two CPU cores, and a run
+        # asked for 10 minutes must not run 15.
+        deadline = asyncio.timeout(self._wall_left())
         try:
-            sample = await self.client.sample(messages, call.n, seed=pipeline.request_seed(self.seed, call_index))
+            async with deadline:
+                sample = await self.client.sample(messages, call.n, seed=pipeline.request_seed(self.seed, call_index))
         except asyncio.CancelledError:  # interrupted: keep the call's time in the accounts
-            call.error, call.latency_s = "cancelled", time.time() - call.started_at
-            self.db.add_call(call)
+            self._cut(call)
             raise
         except Fault:  # the policy server cannot be brought back: the run stops
             raise
-        except Exception as exc:  # the server answered badly: record it, the search goes on
+        except Exception as exc:
+            if deadline.expired():  # the wall time: the loop stops on it
+                self._cut(call)
+                return
+            # the server answered badly: record it, the search goes on
             call.error = f"{type(exc).__name__}: {exc}"[:2000]
             self.db.add_call(call)
             self.emit("llm_error", f"llm call failed: {call.error[:200]}", call=call.id)
@@ -254,6 +268,11 @@ class Controller:
         self.stats.tokens += sample.completion_tokens or 0
         self.stats.llm_s += sample.latency_s
         self._spawn(self._finish_group(island, children))
+
+    def _cut(self, call: LLMCall) -> None:
+        """Record a call cut short: its time counts, the call does not (resume asks again)."""
+        call.error, call.latency_s = "cancelled", time.time() - call.started_at
+        self.db.add_call(call)
 
     def _children(self, ask, call: LLMCall, sample, m: int, fmt: str) -> list[Program]:
         """Store every answer as a child right away: pending, a duplicate, or a failed mutation."""
