@@ -62,12 +62,15 @@ def server_group(port: int) -> int:
 
 
 def write_policy(tmp_path: Path, **server) -> Path:
+    """Short answers and a timeout well above a call's time: on two AVX2-only cores two calls of
+    4 x 128 tokens took about 30 s, the old timeout, so a healthy restarted server was taken for
+    a hung one. A hung server is still found, 60 s into its silence."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(json.dumps({
         "name": "smollm2", "model": MODEL,
         "server": {"port": EMBEDDED_PORT, "max_model_len": 8192, "extra_args": ["--enforce-eager"],
-                   "request_timeout_s": 30, **server},
-        "sampling": {"temperature": 1.0, "max_tokens": 128, "group_size": 4, "max_prompt_tokens": 4000}}))
+                   "request_timeout_s": 60, **server},
+        "sampling": {"temperature": 1.0, "max_tokens": 48, "group_size": 4, "max_prompt_tokens": 4000}}))
     return policy
 
 
@@ -95,7 +98,7 @@ def check_no_partial_calls(db: Path, expected: int) -> None:
 
 
 def test_a_killed_then_hung_embedded_server_is_restarted_and_the_run_finishes(tmp_path, docker_ready):
-    proc, run_dir, db = start_run(tmp_path, write_policy(tmp_path), calls=8)  # ~2 s each
+    proc, run_dir, db = start_run(tmp_path, write_policy(tmp_path), calls=8)  # 2-15 s each
     try:
         wait_for(lambda: calls(db) >= 1, proc, 600, "the first call")
         os.killpg(server_group(EMBEDDED_PORT), signal.SIGKILL)  # the server crashes
