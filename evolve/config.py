@@ -111,7 +111,8 @@ class Tuning(Strict):
     background: float = Field(default=0.0, ge=0, lt=1)
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
     # Move the share after each cycle toward the operator that raised the best objective faster
-    # per second (between 0.2 and 0.8; `background` is where it starts; evolve/search/allocation.py).
+    # per second, and on a plateau toward the one that paid more over the run (between 0.2 and
+    # 0.8; `background` is where it starts, also on a resume; evolve/search/allocation.py).
     adaptive: bool = False
 
     @field_validator("sigma")

