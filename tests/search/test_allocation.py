@@ -63,6 +63,7 @@ def test_adaptive_turns_in_a_run_report_each_cycle(tmp_path):
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     turns = [e for e in events if e["kind"] == "turns"]
     assert turns, "no cycle was recorded"
+    assert turns[0]["fields"]["llm_s"] == 0  # the seed's tuning, before any turn: tuning's record
     for e in turns:
         f = e["fields"]
         assert 0.2 <= f["share"] <= 0.8 and f["tuning_gain"] >= 0 and f["tuning_s"] >= 0
