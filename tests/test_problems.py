@@ -118,6 +118,11 @@ def test_partial_solution_gets_a_partial_vector(docker_ready):
     values = list(result.components.values())
     assert result.status == "ok" and 0 < sum(values) < len(values), values
     assert set(values) <= {0.0, 1.0} and result.objective == pytest.approx(sum(values) / len(values))
+    # Each failed case is explained for the mutator by its call and answer, never the expected value.
+    failed = [name for name, v in result.components.items() if v == 0.0]
+    notes = dict(line.split(": ", 1) for line in result.error.splitlines())
+    assert set(notes) == set(failed), result.error
+    assert all(n.startswith("has_close_elements([") and "returned" in n for n in notes.values()), notes
 
 
 HOSTILE = {
@@ -203,6 +208,19 @@ def test_scorer_replays_calls_and_rejects_malformed_output():
     for bad in ("True", [["call", "True"]], [{"call": call, "result": 1}], {"call": call}):
         with pytest.raises(ValueError):
             he_scorer.score(args, bad)
+
+
+def test_a_failed_case_is_explained_by_its_call_and_answer_not_its_expected_value():
+    first = task("HumanEval/0").components[0]  # candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    args = {**first.args, **first.judge}
+    call = "(([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), [])"
+    shown = "has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3)"
+    assert he_scorer.explain(args, [{"call": call, "result": "True"}]) is None  # passes: nothing to say
+    assert he_scorer.explain(args, [{"call": call, "result": "False"}]) == f"{shown} returned False, which fails the test"
+    assert he_scorer.explain(args, [{"call": call, "error": "ValueError: no"}]) == (
+        f"{shown}: the candidate raised ValueError: no")
+    assert "True" not in he_scorer.explain(args, [{"call": call, "result": "False"}])  # the expected value
+    assert he_scorer.explain(args, []) == f"{shown}: the test made a call the sandbox did not record"
 
 
 # ---- templates and --set ------------------------------------------------------------------------

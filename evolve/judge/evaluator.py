@@ -91,7 +91,21 @@ class Evaluator:
                 raw[name] = value
             except Exception as exc:  # any scorer failure on bad data means invalid, never a crash
                 reasons[name] = f"invalid: {exc}"
+                continue
+            if component.normalise(value) < 1.0 and (why := self._explain(component, result.outputs[name])):
+                reasons[name] = why
         return raw, reasons
+
+    def _explain(self, component, output) -> str | None:
+        """The scorer's own words on a component short of its reference (optional `explain`):
+        what the mutator is told about its parent, e.g. the failing call of a test case."""
+        explain = getattr(self.scorer, "explain", None)
+        if explain is None:
+            return None
+        try:
+            return explain({**component.args, **component.judge}, output)
+        except Exception as exc:  # a note that cannot be written is no reason to fail the candidate
+            return f"(explain failed: {type(exc).__name__})"
 
     def _descriptors(self, result: SandboxResult, raw: dict, reasons: dict, code: str) -> dict[str, float]:
         valid = {name: result.outputs[name] for name in raw}

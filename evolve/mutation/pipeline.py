@@ -25,7 +25,7 @@ def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
     """The chat messages of one call, and the answer format it asks for."""
     fmt = answer_format(policy, call_index)
     return build_messages(problem, parent, inspirations, policy.answers, policy.sampling.max_prompt_tokens,
-                          fmt, directive, view=policy.program_view), fmt
+                          fmt, directive, view=policy.program_view, notes=policy.judge_notes), fmt
 
 
 def asks_knob(problem: Problem, seed: int, call_index: int) -> bool:

@@ -32,7 +32,8 @@ the blocks, nothing else.""",
 ```python fenced block: every line between the markers, changed or not, nothing outside them.
 Keep the function names and the return format.""",
 }
-FORMATS = tuple(RULES)  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
+FORMATS = tuple(RULES)
+MAX_NOTE_LINES, MAX_NOTE_CHARS = 6, 900  # the judge's notes on the parent: a few failures, not all  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
 
 # A worked example given as a previous chat turn is followed far more reliably than one
 # embedded in the instructions.
@@ -108,6 +109,7 @@ class Shown(Protocol):
     objective: float | None
     headline: float | None
     fitness: dict | None
+    error: str | None  # the judge's notes: why components failed or fell short
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,12 @@ class ProgramText:
     objective: float | None
     headline: float | None
     fitness: dict | None
+    error: str | None = None
 
     @classmethod
     def of(cls, record: dict) -> "ProgramText":
-        return cls(record["code"], record["status"], record["objective"], record["headline"], record["fitness"])
+        return cls(record["code"], record["status"], record["objective"], record["headline"], record["fitness"],
+                   record.get("error"))
 
 
 def scores_line(program: Shown, problem: Problem) -> str:
@@ -143,14 +147,29 @@ def _program_section(title: str, program, problem: Problem, whole: bool) -> str:
     return f"### {title} ({scores_line(program, problem)})\n```python\n{code.rstrip()}\n```\n"
 
 
-def _current_section(parent, problem: Problem, view: str) -> str:
-    """The parent whole, or (view "block") the code around its block as an outline, then the block."""
+def _current_section(parent, problem: Problem, view: str, notes: bool = True) -> str:
+    """The parent whole, or (view "block") the code around its block as an outline, then the
+    block; then what the judge said about it (`notes`)."""
     context = outline(parent.code) if view == "block" else ""
     if not context:
-        return _program_section("Current program", parent, problem, view == "whole")
-    return (f"### Code outside the EVOLVE-BLOCK (fixed; the block may use it)\n```python\n"
-            f"{context.strip()}\n```\n"
-            + _program_section("Current EVOLVE-BLOCK", parent, problem, False))
+        shown = _program_section("Current program", parent, problem, view == "whole")
+    else:
+        shown = (f"### Code outside the EVOLVE-BLOCK (fixed; the block may use it)\n```python\n"
+                 f"{context.strip()}\n```\n"
+                 + _program_section("Current EVOLVE-BLOCK", parent, problem, False))
+    return shown + (judge_notes(parent) if notes else "")
+
+
+def judge_notes(program) -> str:
+    """The judge's notes on a program (why components failed or fell short: a failing test's
+    call and answer, a scorer's reason), the first lines only: what an answer should fix."""
+    text = (getattr(program, "error", None) or "").strip()
+    if not text:
+        return ""
+    lines = text.splitlines()
+    shown = "\n".join(lines[:MAX_NOTE_LINES])[:MAX_NOTE_CHARS]
+    more = f"\n({len(lines) - MAX_NOTE_LINES} more)" if len(lines) > MAX_NOTE_LINES else ""
+    return f"### What the judge said about the current program\n```\n{shown}{more}\n```\n"
 
 
 def _answer_instructions(m: int, fmt: str = "diff") -> str:
@@ -166,13 +185,13 @@ def _answer_instructions(m: int, fmt: str = "diff") -> str:
 
 def build_messages(problem: Problem, parent, inspirations: list, m: int,
                    max_prompt_tokens: int, fmt: str = "diff", directive: str | None = None,
-                   view: str = "whole", plain_example: bool = False) -> list[dict]:
+                   view: str = "whole", plain_example: bool = False, notes: bool = True) -> list[dict]:
     """Chat messages for one mutation request in answer format `fmt` (diff | rewrite | complete),
     dropping inspirations to stay in budget. `directive`: the kind of change asked for, which
     the worked example follows too unless `plain_example`; `view`: how the parent is shown
-    (Policy.program_view)."""
+    (Policy.program_view); `notes`: show the judge's notes on the parent (Policy.judge_notes)."""
     insp = list(inspirations)
-    current = _current_section(parent, problem, view) if fmt != "complete" else ""
+    current = _current_section(parent, problem, view, notes) if fmt != "complete" else ""
     while True:
         if fmt == "complete":
             messages = versions_messages(problem, parent, insp)

@@ -52,7 +52,8 @@ class Guard:
         rng = np.random.default_rng([self.db.run_seed(), SALT])
         picked = sorted(rng.choice(len(pool), size=min(self.settings.parents, len(pool)), replace=False))
         return [{"id": pool[i].id, "code": pool[i].code, "status": "ok", "objective": pool[i].objective,
-                 "headline": pool[i].headline, "fitness": pool[i].fitness, "inspirations": []} for i in picked]
+                 "headline": pool[i].headline, "fitness": pool[i].fitness, "error": pool[i].error,
+                 "inspirations": []} for i in picked]
 
     async def measure(self, client: Sampler, model: str, version: int, evaluator: Evaluator) -> Rates:
         """The version's answers for every guard parent, applied and scored (same seeds for all)."""

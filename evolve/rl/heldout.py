@@ -100,7 +100,7 @@ def _inspirations(url: str, parent, problem: Problem, rng) -> list[dict]:
 
 def _program_dict(p) -> dict:
     return {"id": p.id, "code": p.code, "status": p.status, "objective": p.objective,
-            "headline": p.headline, "fitness": p.fitness}
+            "headline": p.headline, "fitness": p.fitness, "error": p.error}
 
 
 def _parent(source: str, program, inspirations: list[dict], held_out: bool) -> dict:

@@ -14,6 +14,8 @@ from typing import Any
 _driver: dict = {}
 exec(compile((Path(__file__).parent / "driver.py").read_text(), "driver.py", "exec"), _driver)
 replay_calls, run_test = _driver["replay_calls"], _driver["run_test"]
+call_key, CandidateFailed = _driver["call_key"], _driver["CandidateFailed"]
+MAX_VALUE_CHARS = 200
 
 
 def score(args: dict, output: Any) -> float:
@@ -27,6 +29,46 @@ def score(args: dict, output: Any) -> float:
     finally:
         random.setstate(state)
     return 1.0
+
+
+def explain(args: dict, output: Any) -> str | None:
+    """Why a test case failed, as the mutator may hear it: the call the assert was checking and
+    what the candidate answered (or raised). Never the expected value: the test stays hidden,
+    so an answer cannot special-case it."""
+    calls, made = _calls(output), []
+    replay = replay_calls(calls)
+
+    def candidate(*a, **kw):
+        made.append(call_key(a, kw))
+        return replay(*a, **kw)
+
+    state = random.getstate()
+    try:
+        run_test(candidate, args["function"], args["prelude"], args["setup"], args["test"])
+    except CandidateFailed as exc:
+        return f"{_call_text(args['function'], made)}: {exc}"
+    except AssertionError:
+        answer = calls[len(made) - 1].get("result") if 0 < len(made) <= len(calls) else None
+        return (f"{_call_text(args['function'], made)} returned {_clip(answer)}, which fails the test"
+                if made else "the test fails before it calls the function")
+    except Exception as exc:
+        return f"{_call_text(args['function'], made)}: the test failed on the answer ({type(exc).__name__})"
+    finally:
+        random.setstate(state)
+    return None
+
+
+def _call_text(function: str, made: list[str]) -> str:
+    if not made:
+        return function
+    args, kwargs = ast.literal_eval(made[-1])
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs]
+    return _clip(f"{function}({', '.join(shown)})")
+
+
+def _clip(text: str | None) -> str:
+    text = str(text)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."
 
 
 def _calls(output: Any) -> list[dict]:

@@ -94,3 +94,16 @@ def test_a_knob_request_asks_for_it_and_its_example_adds_one():
         assert len(float_literals(child)) == len(float_literals(EXAMPLE_PROGRAM)) + 1
         plain = build_messages(PROBLEM, prog(0.8), [], 1, 6000, fmt)
         assert KNOB not in plain[1]["content"] + plain[-1]["content"]
+
+
+def test_the_judges_notes_on_the_parent_follow_it_and_can_be_turned_off():
+    parent = prog(0.8)
+    parent.error = "n26: invalid: circles 3 and 5 overlap\n" + "\n".join(f"line {i}" for i in range(20))
+    user = build_messages(PROBLEM, parent, [prog(0.9)], m=1, max_prompt_tokens=6000, fmt="rewrite")[-1]["content"]
+    notes = user[user.index("### What the judge said about the current program"):]
+    assert user.index("Current program") < user.index("What the judge said") < user.index("## Task")
+    assert "circles 3 and 5 overlap" in notes and "line 4" in notes and "line 5" not in notes
+    assert "(15 more)" in notes  # the first lines only
+    quiet = build_messages(PROBLEM, parent, [], m=1, max_prompt_tokens=6000, fmt="rewrite", notes=False)
+    assert "What the judge said" not in quiet[-1]["content"]
+    assert "What the judge said" not in build_messages(PROBLEM, prog(0.8), [], m=1, max_prompt_tokens=6000)[-1]["content"]
