@@ -374,3 +374,72 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
         reader.close()
     assert snap.problem == "humaneval-0" and snap.headline == "objective" and snap.best.objective == 1.0
     assert len(snap.components) == 7 and snap.state == "stopped: target reached"
+
+
+# ---- the judge's notes reach the mutator ---------------------------------------------------------
+PARTIAL_BODY = "    return any(abs(a - b) < threshold for a, b in zip(numbers, numbers[1:]))"
+
+
+class RecordingClient:
+    """Stands in for the LLM: answers with the partial solution and keeps every prompt."""
+    model = "scripted"
+
+    def __init__(self, block: str, scored):
+        self.block, self.scored = block, scored  # scored(): the first child has been judged
+        self.prompts: list[str] = []
+
+    async def sample(self, messages, n, seed=None):
+        import time
+
+        from evolve.serving.client import Sample
+        self.prompts.append(messages[-1]["content"])
+        deadline = time.time() + 120  # a child never judged fails the asserts below, not the suite
+        while len(self.prompts) > 1 and not self.scored() and time.time() < deadline:
+            await asyncio.sleep(0.05)  # later calls may have the first child as their parent
+        answer = f"Compare neighbours.\n```python\n{self.block}\n```"
+        return Sample(texts=[answer] * n, finish_reasons=["stop"] * n, prompt_tokens=900,
+                      completion_tokens=60 * n, started_at=time.time(), latency_s=0.01)
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_parent_that_fails_tests_is_shown_with_the_failing_calls(tmp_path, docker_ready):
+    """The real engine, Docker sandbox and database, a scripted LLM: the child that passes some
+    tests is stored with the judge's notes, and the prompts that have it as their parent say
+    which calls failed and what it answered, without the expected values."""
+    from evolve.config import load_policy
+    from evolve.events import EventLog
+    from evolve.mutation.code import evolve_block
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
+    from evolve.store.schema import Program
+
+    problem = load_problem(HUMANEVAL, ["task=HumanEval/0", "search.islands=1", "budget.max_llm_calls=6",
+                                       "budget.llm_concurrency=1"])
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text("name: scripted\nmodel: scripted\nanswer_format: rewrite\n"
+                           "server: {embedded: false, base_url: 'http://127.0.0.1:9/v1'}\n"
+                           "sampling: {group_size: 2, max_prompt_tokens: 4000}\n")
+    spec = {"problem": str(HUMANEVAL), "policy": str(policy_path), "seed": 0,
+            "db_url": f"sqlite:///{tmp_path / 'evolve.db'}", "run_name": "notes", "budget": {}}
+    db = open_database(spec, problem, load_policy(policy_path), tmp_path)
+    client = RecordingClient(evolve_block(problem.seed_code()).replace("    pass  # to be written", PARTIAL_BODY),
+                             lambda: db.best().objective > 0)
+    evaluator = Evaluator(problem)
+    try:
+        with EventLog(tmp_path, lambda event: None) as log:
+            asyncio.run(Controller(problem, load_policy(policy_path), db, evaluator, client,
+                                   problem.budget, 0, log).run())
+        child = next(p for p in db.session.query(Program).filter(Program.origin == "mutation")
+                     if p.status == "ok")
+    finally:
+        evaluator.sandbox.close()
+    assert 0 < child.objective < 1 and child.error, (child.objective, child.error)
+    later = [p for p in client.prompts if PARTIAL_BODY in p.split("### Current program")[1]]
+    assert later, "no call had the partial child as its parent"
+    notes = later[0].split("### What the judge said about the current program")[1]
+    assert "has_close_elements([" in notes and "returned False, which fails the test" in notes
+    first_failure = child.error.splitlines()[0]
+    assert first_failure.split(": ", 1)[1] in notes
+    db.close()
