@@ -118,11 +118,7 @@ def test_partial_solution_gets_a_partial_vector(docker_ready):
     values = list(result.components.values())
     assert result.status == "ok" and 0 < sum(values) < len(values), values
     assert set(values) <= {0.0, 1.0} and result.objective == pytest.approx(sum(values) / len(values))
-    # Each failed case is explained for the mutator by its call and answer, never the expected value.
-    failed = [name for name, v in result.components.items() if v == 0.0]
-    notes = dict(line.split(": ", 1) for line in result.error.splitlines())
-    assert set(notes) == set(failed), result.error
-    assert all(n.startswith("has_close_elements([") and "returned" in n for n in notes.values()), notes
+    assert result.error is None  # wrong answers get no note: the score says it all (see explain)
 
 
 HOSTILE = {
@@ -210,16 +206,18 @@ def test_scorer_replays_calls_and_rejects_malformed_output():
             he_scorer.score(args, bad)
 
 
-def test_a_failed_case_is_explained_by_its_call_and_answer_not_its_expected_value():
+def test_a_failed_case_is_explained_by_the_call_that_raised_never_by_a_wrong_answer():
     first = task("HumanEval/0").components[0]  # candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
     args = {**first.args, **first.judge}
     call = "(([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3), [])"
     shown = "has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3)"
     assert he_scorer.explain(args, [{"call": call, "result": "True"}]) is None  # passes: nothing to say
-    assert he_scorer.explain(args, [{"call": call, "result": "False"}]) == f"{shown} returned False, which fails the test"
+    # A wrong boolean named with its call would give the right one away.
+    assert he_scorer.explain(args, [{"call": call, "result": "False"}]) is None
     assert he_scorer.explain(args, [{"call": call, "error": "ValueError: no"}]) == (
         f"{shown}: the candidate raised ValueError: no")
-    assert "True" not in he_scorer.explain(args, [{"call": call, "result": "False"}])  # the expected value
+    assert he_scorer.explain(args, [{"call": call, "result": "__import__('os')"}]) == (
+        f"{shown}: the candidate returned a value that is not a Python literal")
     assert he_scorer.explain(args, []) == f"{shown}: the test made a call the sandbox did not record"
 
 
@@ -377,7 +375,9 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
 
 
 # ---- the judge's notes reach the mutator ---------------------------------------------------------
-PARTIAL_BODY = "    return any(abs(a - b) < threshold for a, b in zip(numbers, numbers[1:]))"
+# Right on the tests with at most five numbers; raises on the others.
+PARTIAL_BODY = ("    if len(numbers) > 5:\n        raise ValueError('too many numbers')\n"
+                "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])")
 
 
 class RecordingClient:
@@ -406,8 +406,8 @@ class RecordingClient:
 
 def test_a_parent_that_fails_tests_is_shown_with_the_failing_calls(tmp_path, docker_ready):
     """The real engine, Docker sandbox and database, a scripted LLM: the child that passes some
-    tests is stored with the judge's notes, and the prompts that have it as their parent say
-    which calls failed and what it answered, without the expected values."""
+    tests and raises on others is stored with the judge's notes, and the prompts that have it
+    as their parent say which calls raised and what."""
     from evolve.config import load_policy
     from evolve.events import EventLog
     from evolve.mutation.code import evolve_block
@@ -439,7 +439,7 @@ def test_a_parent_that_fails_tests_is_shown_with_the_failing_calls(tmp_path, doc
     later = [p for p in client.prompts if PARTIAL_BODY in p.split("### Current program")[1]]
     assert later, "no call had the partial child as its parent"
     notes = later[0].split("### What the judge said about the current program")[1]
-    assert "has_close_elements([" in notes and "returned False, which fails the test" in notes
+    assert "has_close_elements([" in notes and "the candidate raised ValueError: too many numbers" in notes
     first_failure = child.error.splitlines()[0]
     assert first_failure.split(": ", 1)[1] in notes
     db.close()
