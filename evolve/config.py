@@ -350,7 +350,7 @@ class Policy(Strict):
     # around it (signatures and docstring lines), which small models cannot copy by mistake.
     program_view: Literal["whole", "block"] = "whole"
     # Show the judge's notes on the current program (why components failed or fell short, e.g.
-    # a failing test's call and answer) after it: what an answer should fix. Not in `complete`.
+    # a test call that raised) after it: what an answer should fix. Not in `complete`.
     judge_notes: bool = True
     train: Train | None = None
     source_path: Path | None = Field(default=None, exclude=True)

@@ -98,7 +98,7 @@ class Evaluator:
 
     def _explain(self, component, output) -> str | None:
         """The scorer's own words on a component short of its reference (optional `explain`):
-        what the mutator is told about its parent, e.g. the failing call of a test case."""
+        what the mutator is told about its parent, e.g. a test call that raised."""
         explain = getattr(self.scorer, "explain", None)
         if explain is None:
             return None

@@ -32,8 +32,8 @@ the blocks, nothing else.""",
 ```python fenced block: every line between the markers, changed or not, nothing outside them.
 Keep the function names and the return format.""",
 }
-FORMATS = tuple(RULES)
-MAX_NOTE_LINES, MAX_NOTE_CHARS = 6, 900  # the judge's notes on the parent: a few failures, not all  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
+FORMATS = tuple(RULES)  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
+MAX_NOTE_LINES, MAX_NOTE_CHARS = 6, 900  # the judge's notes on the parent: a few failures, not all
 
 # A worked example given as a previous chat turn is followed far more reliably than one
 # embedded in the instructions.
@@ -161,8 +161,8 @@ def _current_section(parent, problem: Problem, view: str, notes: bool = True) ->
 
 
 def judge_notes(program) -> str:
-    """The judge's notes on a program (why components failed or fell short: a failing test's
-    call and answer, a scorer's reason), the first lines only: what an answer should fix."""
+    """The judge's notes on a program (why components failed or fell short: a test call that
+    raised, a scorer's reason), the first lines only: what an answer should fix."""
     text = (getattr(program, "error", None) or "").strip()
     if not text:
         return ""
