@@ -34,6 +34,7 @@ from evolve.store.schema import (
     Program,
     Session,
     Tuning,
+    Turn,
 )
 
 SANDBOX_OUTAGE_S = 1800  # an engine that stays away longer stops the run (resumable)
@@ -105,6 +106,7 @@ class Controller:
         self.past_wall = self.db.past_wall_time(self.session.id)
         # Seeded from the run seed and how far the run got, so a resume is reproducible too.
         self.rng = np.random.default_rng([self.seed, self.base_calls])
+        self._replay_turns()
         try:
             await self._ensure_seed()
             await self._resume_pending()
@@ -485,9 +487,17 @@ class Controller:
             self._record_turns(self._best_objective() - best - tuning_gain, turn - started,
                                tuning_gain, time.time() - turn)
 
+    def _replay_turns(self) -> None:
+        """A resume: the shares go on from the run's record of turns, not from `background`."""
+        for turn in self.db.turns():
+            self.allocation.record({"llm": turn.llm_gain, "tuning": turn.tuning_gain},
+                                   {"llm": turn.llm_s, "tuning": turn.tuning_s})
+
     def _record_turns(self, llm_gain: float, llm_s: float, tuning_gain: float, tuning_s: float) -> None:
         share = self.allocation.record({"llm": llm_gain, "tuning": tuning_gain},
                                        {"llm": llm_s, "tuning": tuning_s})
+        self.db.add(Turn(run_id=self.db.run_id, llm_gain=llm_gain, llm_s=llm_s, tuning_gain=tuning_gain,
+                         tuning_s=tuning_s, share=share))
         if self.allocation.adaptive:
             self.emit("turns", f"turns: the best rose {llm_gain:+.4f} in {llm_s:.0f} s of LLM and "
                       f"{tuning_gain:+.4f} in {tuning_s:.0f} s of tuning; tuning's next share {share:.0%}",

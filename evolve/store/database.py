@@ -37,6 +37,7 @@ from evolve.store.schema import (
     Program,
     Run,
     Tuning,
+    Turn,
 )
 from evolve.store.schema import Session as RunSession
 
@@ -426,6 +427,10 @@ class ProgramDatabase:
         rows = self.session.execute(select(RunSession.started_at, RunSession.ended_at, RunSession.heartbeat_at)
                                     .where(RunSession.run_id == self.run_id, RunSession.id != current))
         return sum((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at for r in rows)
+
+    def turns(self) -> list[Turn]:
+        """The run's cycles of turns between the LLM and tuning, oldest first."""
+        return list(self.session.scalars(select(Turn).where(Turn.run_id == self.run_id).order_by(Turn.id)))
 
     def pending(self) -> list[Program]:
         """Children stored but not evaluated (a session stopped first), oldest first."""

@@ -186,6 +186,21 @@ class Tuning(Base):
     elapsed_s: Mapped[float] = mapped_column(Float)
 
 
+class Turn(Base):
+    """One cycle of the turns between the LLM and tuning (search.tuning.background): what each
+    raised the best objective by in its turn and the seconds it had. A resume replays them, so
+    the shares go on from the run's record instead of from `background` again."""
+    __tablename__ = "turns"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    llm_gain: Mapped[float] = mapped_column(Float)
+    llm_s: Mapped[float] = mapped_column(Float)
+    tuning_gain: Mapped[float] = mapped_column(Float)
+    tuning_s: Mapped[float] = mapped_column(Float)
+    share: Mapped[float] = mapped_column(Float)  # tuning's share of the next cycle
+    at: Mapped[float] = mapped_column(Float, default=now)
+
+
 class Cell(Base):
     """The MAP-Elites grids: one elite per (island, cell)."""
     __tablename__ = "cells"

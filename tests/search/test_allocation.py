@@ -67,3 +67,38 @@ def test_adaptive_turns_in_a_run_report_each_cycle(tmp_path):
     for e in turns:
         f = e["fields"]
         assert 0.2 <= f["share"] <= 0.8 and f["tuning_gain"] >= 0 and f["tuning_s"] >= 0
+
+
+def test_a_resume_goes_on_from_the_runs_record_of_turns(tmp_path):
+    """Each cycle is stored with the run; a resumed controller replays them and starts with the
+    share and the record the run had, not from `background` again."""
+    from scripted_run import make_run
+
+    from evolve.config import load_policy, load_problem
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
+
+    run = make_run(tmp_path / "run", evaluations=40,
+                   tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": 0.5,
+                           "turn_s": 1.0, "adaptive": True})
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    expected = Allocation(0.5, adaptive=True)
+    for e in (e for e in events if e["kind"] == "turns"):
+        f = e["fields"]
+        expected.record({"llm": f["llm_gain"], "tuning": f["tuning_gain"]},
+                        {"llm": f["llm_s"], "tuning": f["tuning_s"]})
+    assert expected.total_s["tuning"] > 0, "no cycle was recorded"
+    spec = json.loads((run / "run.json").read_text())
+    problem, policy = load_problem(spec["problem"]), load_policy(spec["policy"])
+    db = open_database(spec, problem, policy, run)
+    try:
+        assert [t.share for t in db.turns()] == pytest.approx(
+            [e["fields"]["share"] for e in events if e["kind"] == "turns"])
+        resumed = Controller(problem, policy, db, None, None, problem.budget, 0, lambda event: None)
+        assert resumed.allocation.share == 0.5
+        resumed._replay_turns()
+    finally:
+        db.close()
+    assert resumed.allocation.share == pytest.approx(expected.share)
+    assert resumed.allocation.total_gain == pytest.approx(expected.total_gain)
+    assert resumed.allocation.total_s == pytest.approx(expected.total_s)
