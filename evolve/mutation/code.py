@@ -446,10 +446,19 @@ def with_block(parent: str, new_body: str) -> str:
     if crlf:
         child = child.replace("\n", "\r\n")
     check_syntax(child)
-    # Whitespace-only changes are the same program (see normalise): not worth an evaluation.
-    if normalise(child) == normalise(parent):
+    # Changes of layout or comments only are the same program: not worth an evaluation (a
+    # rewrite leads with a comment of intent, so a copy of the parent comes back with a new one).
+    if normalise(child) == normalise(parent) or _syntax(child) == _syntax(_lf(parent)):
         raise MutationError("the child is identical to its parent")
     return child
+
+
+def _syntax(code: str) -> str | None:
+    """The program's syntax tree, comments and layout left out (None: it does not parse)."""
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------

@@ -474,6 +474,12 @@ def test_rewrite_identical_to_parent_raises():
         apply_answer(PARENT, f"```python\n{BODY}```")
 
 
+def test_rewrite_that_only_adds_a_comment_of_intent_is_identical():
+    # the rewrite format leads with a comment of intent: a copy of the parent must not cost a run
+    with pytest.raises(MutationError, match="identical"):
+        apply_answer(PARENT, f"```python\n# Make it faster.\n{BODY}```")
+
+
 def test_rewrite_differing_only_in_whitespace_is_identical():
     body = BODY.replace("    return centers, radii\n", "\n    return centers, radii   \n")
     with pytest.raises(MutationError, match="identical"):
