@@ -447,7 +447,7 @@ def with_block(parent: str, new_body: str) -> str:
         child = child.replace("\n", "\r\n")
     check_syntax(child)
     # Changes of layout or comments only are the same program: not worth an evaluation (a
-    # rewrite leads with a comment of intent, so a copy of the parent comes back with a new one).
+    # rewrite that copies the parent often adds a comment saying what it meant to change).
     if normalise(child) == normalise(parent) or _syntax(child) == _syntax(_lf(parent)):
         raise MutationError("the child is identical to its parent")
     return child

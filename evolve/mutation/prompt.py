@@ -28,11 +28,9 @@ new lines that replace them
 
 Keep the function names and the return format. Write one short sentence of intent, then
 the blocks, nothing else.""",
-    # The code comes first, its intent as its first comment: asked for a sentence and then the
-    # code, the 0.5B model stopped after the sentence in about half of its answers (README).
-    "rewrite": """Answer with the complete new code of the block in one ```python fenced block: every line
-between the markers, changed or not, nothing outside them. Its first line is a comment that
-says in one short sentence what you change. Keep the function names and the return format.""",
+    "rewrite": """Answer with one short sentence of intent, then the complete new code of the block in one
+```python fenced block: every line between the markers, changed or not, nothing outside them.
+Keep the function names and the return format.""",
 }
 FORMATS = tuple(RULES)  # what `mix` alternates; `complete` (evolve/mutation/versions.py) has no rules
 MAX_NOTE_LINES, MAX_NOTE_CHARS = 6, 900  # the judge's notes on the parent: a few failures, not all
@@ -81,14 +79,9 @@ def _diff(search: str, replace: str) -> str:
     return f"<<<<<<< SEARCH\n{search}\n=======\n{replace}\n>>>>>>> REPLACE"
 
 
-def _rewrite(intent: str, search: str, replace: str) -> str:
+def _rewrite(search: str, replace: str) -> str:
     block = EXAMPLE_PROGRAM.split("# EVOLVE-BLOCK-START\n")[1].split("# EVOLVE-BLOCK-END")[0]
-    return f"```python\n# {intent}\n{block.replace(search, replace).rstrip()}\n```"
-
-
-def _answer(intent: str, search: str, replace: str, fmt: str) -> str:
-    """One worked answer: the intent, then the blocks (diff); the code led by its intent (rewrite)."""
-    return _rewrite(intent, search, replace) if fmt == "rewrite" else f"{intent}\n{_diff(search, replace)}"
+    return f"```python\n{block.replace(search, replace).rstrip()}\n```"
 
 
 def example_turns(m: int, fmt: str = "diff", directive: str | None = None) -> list[dict]:
@@ -99,11 +92,13 @@ def example_turns(m: int, fmt: str = "diff", directive: str | None = None) -> li
             f"## Task\n" + (f"{directive}\n" if directive else "") + _answer_instructions(m, fmt))
     shown = [KNOB_EDIT] if directive == KNOB else EXAMPLE_EDITS
     edits = [shown[i % len(shown)] for i in range(m)]
+    write = _diff if fmt == "diff" else _rewrite
     if m == 1:
-        answer = _answer(*edits[0], fmt)
+        intent, search, replace = edits[0]
+        answer = f"{intent}\n{write(search, replace)}"
     else:
-        answer = "\n".join(f"<answer_{i}>\n{_answer(*edit, fmt)}\n</answer_{i}>"
-                           for i, edit in enumerate(edits, 1))
+        answer = "\n".join(f"<answer_{i}>\n{intent}\n{write(search, replace)}\n</answer_{i}>"
+                           for i, (intent, search, replace) in enumerate(edits, 1))
     return [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 

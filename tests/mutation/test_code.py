@@ -474,8 +474,8 @@ def test_rewrite_identical_to_parent_raises():
         apply_answer(PARENT, f"```python\n{BODY}```")
 
 
-def test_rewrite_that_only_adds_a_comment_of_intent_is_identical():
-    # the rewrite format leads with a comment of intent: a copy of the parent must not cost a run
+def test_rewrite_that_only_adds_a_comment_is_identical():
+    # a copy of the parent with a comment of intent must not cost an evaluation
     with pytest.raises(MutationError, match="identical"):
         apply_answer(PARENT, f"```python\n# Make it faster.\n{BODY}```")
 
