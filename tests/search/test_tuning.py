@@ -217,8 +217,9 @@ def test_with_turns_the_llm_children_are_tuned_in_tuning_turns_not_beside_the_se
 def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_path):
     """`tuning.knobs`: the calls ask for a new number at its neutral value. The child that adds
     one has its parent's outputs (outcome `same`, earning nothing) but is tuned, since its new
-    number is a dimension the parent lacks; a child that only rewords a comment is not."""
-    from scripted_run import BODY, ScriptedClient, diff, make_run
+    number is a dimension the parent lacks; a child with its parent's outputs and no new number
+    is not (a comment alone no longer runs at all: it is identical to its parent)."""
+    from scripted_run import ScriptedClient, diff, make_run
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
@@ -228,7 +229,7 @@ def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_pat
 
     stack = "    centers = np.stack([(index % side + 0.5) * cell, (index // side + 0.5) * cell], axis=1)"
     knob = diff("A tilt to tune.", stack, f"{stack}\n    tilt = 0.0\n    centers[:, 1] += tilt * centers[:, 0]")
-    comment = diff("Say why.", BODY.splitlines()[2], "    # Just below half a cell: the judge has zero tolerance.")
+    comment = diff("Keep a copy.", stack, f"{stack}\n    centers = centers.copy()")
 
     class KnobClient(ScriptedClient):
         async def sample(self, messages, n, seed=None) -> Sample:
