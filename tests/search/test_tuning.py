@@ -229,12 +229,12 @@ def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_pat
 
     stack = "    centers = np.stack([(index % side + 0.5) * cell, (index // side + 0.5) * cell], axis=1)"
     knob = diff("A tilt to tune.", stack, f"{stack}\n    tilt = 0.0\n    centers[:, 1] += tilt * centers[:, 0]")
-    comment = diff("Keep a copy.", stack, f"{stack}\n    centers = centers.copy()")
+    no_knob = diff("Keep a copy.", stack, f"{stack}\n    centers = centers.copy()")
 
     class KnobClient(ScriptedClient):
         async def sample(self, messages, n, seed=None) -> Sample:
             sample = await super().sample(messages, n, seed)
-            sample.texts = [(knob, comment)[i % 2] for i in range(n)]
+            sample.texts = [(knob, no_knob)[i % 2] for i in range(n)]
             return sample
 
     # Three calls, then the run ends once every tuning they started has run (the budget's
@@ -249,10 +249,10 @@ def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_pat
                                               Program.duplicate_of.is_(None))).all()
         answer = {c.id: c.text for c in s.scalars(select(Completion))}
         knobs = [p for p in llm if answer[p.completion_id] == knob and p.outcome == "same"]
-        comments = [p for p in llm if answer[p.completion_id] == comment]
-        assert knobs and comments
+        no_knobs = [p for p in llm if answer[p.completion_id] == no_knob]
+        assert knobs and no_knobs
         assert all(p.id in tuned_parents for p in knobs)
-        assert not any(p.id in tuned_parents for p in comments)
+        assert not any(p.id in tuned_parents for p in no_knobs)
 
 
 @pytest.mark.parametrize("sigma", [0.0, -0.1, [0.5, 0.1], [0.0, 0.3]])
