@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
@@ -31,6 +32,10 @@ from evolve.rl.rollouts import Group
 from evolve.serving.server import cpu_computes_bf16
 
 OPTIMIZER_FILE = "optimizer.pt"
+# Positions whose fp32 logits exist at once. A vocabulary of 152k makes two 1,024-token answers'
+# logits 1.2 GB, several times over with the softmax and its gradient (a VPO step was killed for
+# memory); in chunks, recomputed in backward, the head costs ~50 MB per 64 positions instead.
+HEAD_CHUNK = 64
 
 
 class Interrupted(Exception):
@@ -159,8 +164,8 @@ class Trainer:
         accumulate their gradients; one final backward carries the sum through the prompt.
         """
         with self._autocast():
-            prompt_kv, first_logits = self._prompt(seq.prompt)
-            outputs = [t for kv in prompt_kv for t in kv] + [first_logits]
+            prompt_kv, last_hidden = self._prompt(seq.prompt)
+            outputs = [t for kv in prompt_kv for t in kv] + [last_hidden]
             leaves = [t.detach().requires_grad_() for t in outputs]
             leaf_kv = list(zip(leaves[:-1:2], leaves[1:-1:2]))
             for idx in _micro_batches(seq, self.train.micro_batch):
@@ -192,10 +197,10 @@ class Trainer:
         self.model.eval()
         rows = torch.zeros(len(seq.completions), max(len(c) for c in seq.completions))
         with self._autocast(), _adapter(self.model, adapter):
-            prompt_kv, first_logits = self._prompt(seq.prompt)
+            prompt_kv, last_hidden = self._prompt(seq.prompt)
             for idx in _micro_batches(seq, self.train.micro_batch):
                 _check(stop)
-                logp, _ = self._completion_logprobs(seq, idx, prompt_kv, first_logits)
+                logp, _ = self._completion_logprobs(seq, idx, prompt_kv, last_hidden)
                 rows[idx, :logp.shape[1]] = logp.float().cpu()
         return rows
 
@@ -211,12 +216,25 @@ class Trainer:
         with torch.autocast(self.device.type, enabled=False):
             return torch.nn.functional.linear(hidden.float(), self.head_weight, self.head_bias)
 
+    def _token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(b, W) log-probs of targets from hidden states (b, W, H), HEAD_CHUNK positions at a
+        time; under autograd each chunk's logits are recomputed in backward, never stored."""
+        def chunk(h, t):
+            return token_logprobs(self._head(h), t, self.temperature)
+        parts = []
+        for start in range(0, hidden.shape[1], HEAD_CHUNK):
+            h, t = hidden[:, start:start + HEAD_CHUNK], targets[:, start:start + HEAD_CHUNK]
+            grad = torch.is_grad_enabled() and h.requires_grad
+            parts.append(checkpoint(chunk, h, t, use_reentrant=False) if grad else chunk(h, t))
+        return torch.cat(parts, dim=1)
+
     def _prompt(self, prompt: torch.Tensor):
+        """The prompt's key/values and its last hidden state (which predicts the first token)."""
         out = self._body(input_ids=prompt[None].to(self.device), use_cache=True)
         kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        return kv, self._head(out.last_hidden_state[:, -1])
+        return kv, out.last_hidden_state[:, -1]
 
-    def _completion_logprobs(self, seq: Sequence, idx: torch.Tensor, prompt_kv, first_logits):
+    def _completion_logprobs(self, seq: Sequence, idx: torch.Tensor, prompt_kv, last_hidden):
         """Log-probs (b, Lmax) of completions idx given the prompt's cache, and their mask.
 
         Right padding needs no attention mask: a causal model never lets a real token see
@@ -231,12 +249,12 @@ class Trainer:
         ids, mask = ids.to(self.device), mask.to(self.device)
         cache = DynamicCache(ddp_cache_data=[(k.expand(len(comps), -1, -1, -1), v.expand(len(comps), -1, -1, -1))
                                              for k, v in prompt_kv])
-        logits = self._head(self._body(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
-                            .last_hidden_state) \
-            if width > 1 else first_logits.new_zeros(len(comps), 0, first_logits.shape[-1])
-        # Token 0 is predicted by the prompt's last position, token t by completion position t-1.
-        logits = torch.cat([first_logits.expand(len(comps), -1)[:, None], logits], dim=1)
-        return token_logprobs(logits, ids, self.temperature), mask
+        hidden = last_hidden.expand(len(comps), -1)[:, None]
+        if width > 1:
+            body = self._body(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
+            # Token 0 is predicted by the prompt's last position, token t by completion position t-1.
+            hidden = torch.cat([hidden.to(body.dtype), body], dim=1)
+        return self._token_logprobs(hidden, ids), mask
 
     # ---- rolling back a step the guard refused ----------------------------------------------
     def checkpoint(self) -> dict:

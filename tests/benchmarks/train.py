@@ -3,10 +3,11 @@
     python tests/benchmarks/train.py steps RUN_DIR [--policy policies/grpo.yaml] [--steps 2]
         Offline training steps on a stored run's archive (a copy of the run directory is used,
         so the run itself is untouched): seconds per step, tokens, peak RSS of the trainer.
-    python tests/benchmarks/train.py group
-        One group on the shipped Qwen 0.5B (a 1.6k-token prompt, 8 completions of 60-250 tokens,
-        the sizes of a circle-packing call): seconds of the KL reference pass and of the
-        training forward/backward.
+    python tests/benchmarks/train.py group [--prompt-tokens 1600] [--lengths 60 80 ...]
+        One group on the shipped Qwen 0.5B (by default a 1.6k-token prompt, 8 completions of
+        60-250 tokens, the sizes of a circle-packing call; a VPO call on HumanEval: --prompt-tokens
+        1027 --lengths 420 480 520 560 600 640 700 880): seconds of the KL reference pass and of
+        the training forward/backward, and the trainer's peak RSS.
     python tests/benchmarks/train.py share RUN_DIR
         For a run made with a training policy: time spent training and hot-loading adapters,
         and its share of the run's wall time.
@@ -66,28 +67,29 @@ def share(run_dir: Path) -> None:
               f"mean |A| {r.mean_abs_advantage:.3f}")
 
 
-def group() -> None:
+def group(prompt_tokens: int, lengths: list[int]) -> None:
     import time
 
     import torch
 
     from evolve.config import Train
-    from evolve.rl.trainer import Sequence, Trainer
+    from evolve.rl.trainer import Sequence, Trainer, peak_rss_mb
     from evolve.serving.models import ensure_model
 
     t = Trainer(ensure_model("qwen2.5-coder-0.5b-instruct"), Train(algorithm="grpo"), temperature=0.8)
+    print(f"trainer loaded: peak RSS {peak_rss_mb():.0f} MB")
     g = torch.Generator().manual_seed(0)
-    lengths = [60, 80, 100, 113, 120, 150, 200, 250]
     for run in range(2):  # the first pays one-off kernel set-up
-        seq = Sequence(torch.randint(0, 1000, (1600,), generator=g),
-                       [torch.randint(0, 1000, (n,), generator=g) for n in lengths], torch.randn(8))
+        seq = Sequence(torch.randint(0, 1000, (prompt_tokens,), generator=g),
+                       [torch.randint(0, 1000, (n,), generator=g) for n in lengths], torch.randn(len(lengths)))
         started = time.time()
         t._logprobs(seq, adapter=False, stop=None)
         ref = time.time() - started
         started = time.time()
         for _ in t._group_losses(seq, None, None, float(sum(lengths)), None):
             pass
-        print(f"run {run}: reference pass {ref:.1f} s, train forward+backward {time.time() - started:.1f} s")
+        print(f"run {run}: reference pass {ref:.1f} s, train forward+backward {time.time() - started:.1f} s, "
+              f"peak RSS {peak_rss_mb():.0f} MB")
 
 
 def main() -> None:
@@ -96,9 +98,12 @@ def main() -> None:
     p.add_argument("run_dir", type=Path, nargs="?")
     p.add_argument("--policy", type=Path, default=ROOT / "policies" / "grpo.yaml")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--prompt-tokens", type=int, default=1600, help="group: the prompt's length")
+    p.add_argument("--lengths", type=int, nargs="+", default=[60, 80, 100, 113, 120, 150, 200, 250],
+                   help="group: the completions' lengths in tokens")
     args = p.parse_args()
     if args.mode == "group":
-        group()
+        group(args.prompt_tokens, args.lengths)
     elif args.mode == "steps":
         steps(args.run_dir, args.policy, args.steps)
     else:

@@ -134,12 +134,40 @@ def test_log_probs_come_from_fp32_logits_of_the_body_in_its_compute_dtype(model_
     assert t.dtype == (torch.bfloat16 if native else torch.float32)
     seq = _random_sequence(lengths=(12, 7), advantages=(1.0, -1.0))
     with torch.no_grad(), t._autocast():
-        prompt_kv, first = t._prompt(seq.prompt)
+        prompt_kv, last = t._prompt(seq.prompt)
         hidden = t._body(input_ids=seq.prompt[None]).last_hidden_state
-    assert hidden.dtype == t.dtype and first.dtype == torch.float32
+    first = t._head(last)
+    assert hidden.dtype == t.dtype and last.dtype == t.dtype and first.dtype == torch.float32
     assert float((first - first.to(torch.bfloat16).float()).abs().max()) > 0.01  # what bf16 would lose
     # the same fp32 head on the same hidden state, outside any autocast
     expected = hidden[:, -1].float() @ t.model.get_output_embeddings().weight.float().T
     assert torch.allclose(first, expected, atol=1e-4)
     ours = t._logprobs(seq, adapter=True, stop=None)
     assert ours.dtype == torch.float32 and bool(torch.isfinite(ours).all())
+
+
+def test_the_head_in_chunks_gives_the_same_log_probs_and_gradients(model_dir, monkeypatch):
+    """The fp32 head runs HEAD_CHUNK positions at a time and is recomputed in backward (the
+    whole (b, W, vocab) logits cost gigabytes): values and gradients must not change."""
+    monkeypatch.setattr(trainer_module.torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+
+    def run(chunk: int):
+        monkeypatch.setattr(trainer_module, "HEAD_CHUNK", chunk)
+        t = Trainer(model_dir, Train(algorithm="grpo", kl_coef=0.0, micro_batch=2), temperature=0.8)
+        t.model.float()
+        for name, p in t.model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(1))
+        seq = _random_sequence(lengths=(11, 4, 9, 1))
+        logp = t._logprobs(seq, adapter=True, stop=None)
+        for _ in t._group_losses(seq, None, None, 25.0, None):
+            pass
+        return logp, {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+
+    whole_lp, whole = run(10_000)
+    chunked_lp, chunked = run(3)
+    assert torch.allclose(whole_lp, chunked_lp, atol=1e-5)
+    assert whole.keys() == chunked.keys() and whole
+    worst = max(float((g - chunked[n]).abs().max()) for n, g in whole.items())
+    scale = max(float(g.abs().max()) for g in whole.values())
+    assert scale > 1e-3 and worst < 1e-3 * scale  # fp32 rounding: the sums run in another order
