@@ -289,6 +289,17 @@ class Guard(Strict):
     margin: float = Field(default=0.1, ge=-1.0, le=1.0)
 
 
+class Penalties(Strict):
+    """What a failed answer costs, graded by how far it got (ThetaEvolve: no diff < no change <
+    runtime error < invalid result). A rollout's reward loses the mean over its answers, so a
+    copy of the prompt's example beside an answer that scored is no longer free. 0 everywhere
+    (the default): every failure is worth nothing, as before the grading existed."""
+    no_code: float = Field(default=0.0, ge=0)  # nothing applied: no code, a SEARCH not found
+    unchanged: float = Field(default=0.0, ge=0)  # the parent again, its outputs, or a stored program
+    error: float = Field(default=0.0, ge=0)  # does not parse, raised or timed out
+    invalid: float = Field(default=0.0, ge=0)  # ran; the scorer rejected its output
+
+
 class Train(Strict):
     """The RL hook's settings (docs/design.md §7). Absent from a policy = a frozen mutator."""
     algorithm: Literal["grpo", "vpo"]
@@ -325,6 +336,7 @@ class Train(Strict):
     # a comparison vary training too (a fixed value gives every arm the same draws).
     seed: int | None = None
     guard: Guard | None = Field(default_factory=Guard)  # null: every step serves at once
+    penalties: Penalties = Field(default_factory=Penalties)
 
     @model_validator(mode="before")
     @classmethod

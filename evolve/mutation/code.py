@@ -25,6 +25,11 @@ BLOCK_START = "# EVOLVE-BLOCK-START"
 BLOCK_END = "# EVOLVE-BLOCK-END"
 
 
+# Failed answers that got furthest: the reward grades them (evolve/rl/rollouts.py).
+UNCHANGED = ("the child is identical to its parent", "the edit changes nothing")
+NOT_PARSED = "child does not parse"
+
+
 class MutationError(ValueError):
     """Why a mutation could not be applied (message is stored in the database as the failure reason)."""
 
@@ -393,7 +398,7 @@ def _apply_edits(body: str, blocks: list[tuple[str, str | None]]) -> str:
             raise MutationError(f"SEARCH block {i} is empty")
     edits = [Edit(s, r) for s, r in blocks if r is not None]
     if all(_squash(e.search) == _squash(e.replace) for e in edits):
-        raise MutationError("the edit changes nothing")
+        raise MutationError(UNCHANGED[1])
     for i, edit in enumerate(edits, 1):
         changed = _apply_edit(body, edit)
         if changed is None:
@@ -449,7 +454,7 @@ def with_block(parent: str, new_body: str) -> str:
     # Changes of layout or comments only are the same program: not worth an evaluation (a
     # rewrite that copies the parent often adds a comment saying what it meant to change).
     if normalise(child) == normalise(parent) or _syntax(child) == _syntax(_lf(parent)):
-        raise MutationError("the child is identical to its parent")
+        raise MutationError(UNCHANGED[0])
     return child
 
 
@@ -486,6 +491,6 @@ def check_syntax(code: str) -> None:
             warnings.simplefilter("ignore")  # e.g. SyntaxWarning for invalid escapes
             compile(code, "<child>", "exec", dont_inherit=True)
     except SyntaxError as exc:  # IndentationError and TabError included
-        raise MutationError(f"child does not parse: {exc.msg} (line {exc.lineno})") from None
+        raise MutationError(f"{NOT_PARSED}: {exc.msg} (line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:  # null bytes, absurd nesting
-        raise MutationError(f"child does not parse: {exc}") from None
+        raise MutationError(f"{NOT_PARSED}: {exc}") from None

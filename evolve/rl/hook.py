@@ -83,7 +83,8 @@ class RLHook:
         return self.db.calls_of(version, since=self.held_since) >= self.groups_per_step()
 
     def _groups(self, version: int) -> list[Group]:
-        return complete_groups(self.db.rollout_rows(version, logprobs=True), self.components)
+        return complete_groups(self.db.rollout_rows(version, logprobs=True), self.components,
+                               penalties=self.train.penalties)
 
     # ---- resume -----------------------------------------------------------------------------
     async def resume(self, client: Sampler) -> None:
@@ -272,11 +273,13 @@ class RLHook:
                 # m = 1: the scalar reward of the rollout's answer (zero when it failed)
                 rewards = advantages.scalar_rewards([m[0] if len(m) else None for m in matrices],
                                                     self.weights)
-                a = advantages.grpo(rewards)
             else:
                 # Fresh Dirichlet weights per group and step, reproducible from the seeds.
                 rng = np.random.default_rng([self.train.seed, version, g.call_id])
-                a, rewards = advantages.vpo(matrices, self.train.dirichlet_k, self.train.dirichlet_alpha, rng)
+                _, rewards = advantages.vpo(matrices, self.train.dirichlet_k, self.train.dirichlet_alpha, rng)
+            # what the rollout's failed answers cost (all 0 unless train.penalties grades them)
+            rewards = rewards - np.array([r.penalty for r in g.rollouts])
+            a = advantages.normalize(rewards)
             out_a.append(np.asarray(a, dtype=float))
             out_r.append(np.asarray(rewards, dtype=float))
         return out_a, out_r
@@ -334,7 +337,7 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     hook.guard = None  # offline: no server to measure on, every adapter is written
-    groups = complete_groups(db.rollout_rows(logprobs=True), hook.components)
+    groups = complete_groups(db.rollout_rows(logprobs=True), hook.components, penalties=hook.train.penalties)
     size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
     steps = []

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evolve.config import Penalties
+from evolve.mutation.code import NOT_PARSED, UNCHANGED
 from evolve.store.database import RolloutRows
 from evolve.store.schema import Completion, LLMCall, Program
 
@@ -21,6 +23,7 @@ class Rollout:
     answers: np.ndarray  # (m_g, k): one reward vector per parsed answer; failures are zeros
     valid: np.ndarray | None = None  # (m_g,) bool: the answer applied and its child scored
     logprobs: list[float] | None = None  # the sampler's, per token of token_ids (vLLM only)
+    penalty: float = 0.0  # the mean over its answers of what their failures cost (Penalties)
 
 
 @dataclass
@@ -42,7 +45,27 @@ def reward_vector(program: Program, components: list[str]) -> np.ndarray:
     return np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
 
 
-def complete_groups(rows: RolloutRows, components: list[str], limit: int | None = None) -> list[Group]:
+def failure_kind(program: Program) -> str | None:
+    """How far a failed answer got (a field of Penalties), or None for one that found something
+    new (valid, with outputs of its own)."""
+    if program.status == "ok":
+        return "unchanged" if program.outcome == "same" else None
+    if program.status == "mutation_failed":
+        error = program.error or ""
+        if error.startswith(UNCHANGED):
+            return "unchanged"
+        return "error" if error.startswith(NOT_PARSED) else "no_code"
+    return "error" if program.status in ("error", "timeout") else "invalid"
+
+
+def penalty(answers: list[Program], penalties: Penalties | None) -> float:
+    if penalties is None or not answers:
+        return 0.0
+    return float(np.mean([getattr(penalties, kind) if (kind := failure_kind(a)) else 0.0 for a in answers]))
+
+
+def complete_groups(rows: RolloutRows, components: list[str], limit: int | None = None,
+                    penalties: Penalties | None = None) -> list[Group]:
     """Groups (oldest first) whose every answer has been evaluated, from a run's rollout rows
     (`ProgramDatabase.rollout_rows`, or `rollout_rows` on a read-only session).
 
@@ -50,7 +73,8 @@ def complete_groups(rows: RolloutRows, components: list[str], limit: int | None 
     """
     groups = []
     for call in rows.calls:
-        group = _group(call, rows.completions.get(call.id, []), rows.children, components, rows.logprobs)
+        group = _group(call, rows.completions.get(call.id, []), rows.children, components, rows.logprobs,
+                       penalties)
         if group is not None:
             groups.append(group)
             if limit is not None and len(groups) >= limit:
@@ -59,7 +83,7 @@ def complete_groups(rows: RolloutRows, components: list[str], limit: int | None 
 
 
 def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int, list[Program]],
-           components: list[str], logprobs: bool) -> Group | None:
+           components: list[str], logprobs: bool, penalties: Penalties | None) -> Group | None:
     if not completions:
         return None
     rollouts = []
@@ -71,5 +95,5 @@ def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int
         rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
                                 completion.finish_reason, matrix,
                                 np.array([a.status == "ok" for a in answers], dtype=bool),
-                                completion.logprobs if logprobs else None))
+                                completion.logprobs if logprobs else None, penalty(answers, penalties)))
     return Group(call.id, call.policy_version, json.loads(call.prompt), call.prompt_token_ids, rollouts)

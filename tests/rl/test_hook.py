@@ -9,7 +9,8 @@ import pytest
 
 from evolve.config import Descriptor, Policy, Search, load_policy
 from evolve.rl.hook import RLHook
-from evolve.rl.rollouts import complete_groups
+from evolve.mutation import pipeline
+from evolve.rl.rollouts import complete_groups, failure_kind
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import Completion, LLMCall, PolicyVersion, Program
 from tests.mutation.test_prompt import PROBLEM, ROOT
@@ -24,7 +25,7 @@ def open_db(tmp_path) -> ProgramDatabase:
 
 
 def add_group(db, answers: list[list[tuple[str, dict | None]]], version=0, error=None, started_at=0.0) -> LLMCall:
-    """One call; answers[i] = the (status, fitness) of completion i's children."""
+    """One call; answers[i] = the (status, fitness[, error]) of completion i's children."""
     seed = db.best() or db.add_seed(Program(island=0, origin="seed", status="ok", objective=0.0,
                                             headline=0.0, code="x = 0\n", descriptors={"a": 0.1}))[0]
     call = db.add_call(LLMCall(island=0, parent_id=seed.id, policy_version=version, model="m",
@@ -34,10 +35,10 @@ def add_group(db, answers: list[list[tuple[str, dict | None]]], version=0, error
         completion = Completion(call_id=call.id, index=i, text=f"answer {i}", token_ids=[5, 6],
                                 finish_reason="stop")
         db.add(completion)
-        for j, (status, fitness) in enumerate(children):
+        for j, (status, fitness, *error) in enumerate(children):
             db.add(Program(run_id=db.run_id, island=0, origin="mutation", parent_id=seed.id,
                            completion_id=completion.id, answer_index=j, status=status,
-                           fitness=fitness, code=f"x = {call.id}{i}{j}\n"))
+                           fitness=fitness, code=f"x = {call.id}{i}{j}\n", error=error[0] if error else None))
     return call
 
 
@@ -200,3 +201,55 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     assert "does not reproduce the trained adapter" in hook._mismatch(far)
     unknown = await hook._served_check(Server(None), "grpo-v1", group)  # no log-probs served: no verdict
     assert unknown["ok"] and unknown["tokens"] == 0
+
+
+def _graded(tmp_path, db, algorithm: str, **penalties) -> RLHook:
+    hook = _hook(tmp_path, db, algorithm)
+    hook.train = hook.train.model_copy(update={"penalties": hook.train.penalties.model_copy(update=penalties)})
+    return hook
+
+
+def test_failed_answers_are_graded_by_how_far_they_got():
+    """ThetaEvolve's order: no code < unchanged < error < invalid; the messages are the pipeline's own."""
+    parent = "# EVOLVE-BLOCK-START\ndef f():\n    return 1\n# EVOLVE-BLOCK-END\n"
+    same = pipeline.apply(parent, "```python\ndef f():\n    return 1  # same\n```", "rewrite", "f")
+    broken = pipeline.apply(parent, "```python\ndef f(:\n    return 2\n```", "rewrite", "f")
+    nothing = pipeline.apply(parent, "I would make it faster.", "rewrite", "f")
+    cases = [(("mutation_failed", nothing.error), "no_code"), (("mutation_failed", same.error), "unchanged"),
+             (("mutation_failed", broken.error), "error"), (("error", "boom"), "error"),
+             (("timeout", None), "error"), (("invalid", "overlap"), "invalid"), (("ok", None), None)]
+    for (status, error), kind in cases:
+        assert failure_kind(Program(status=status, error=error)) == kind, (status, error)
+    assert failure_kind(Program(status="ok", outcome="same")) == "unchanged"
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "vpo"])
+def test_graded_penalties_give_a_group_of_failures_a_signal(tmp_path, algorithm):
+    db = open_db(tmp_path)
+    failures = [("mutation_failed", None, "no SEARCH/REPLACE block or code block in the answer"),
+                ("error", None, "ZeroDivisionError"), ("invalid", None, "overlap")]
+    m = 3 if algorithm == "vpo" else 1
+    add_group(db, [[f] * m for f in failures])
+    groups = complete_groups(db.rollout_rows(), COMPONENTS)
+    flat, _ = _hook(tmp_path, db, algorithm).advantages(groups, 1)
+    assert not np.any(flat[0])  # ungraded: every failure is worth nothing, nothing to learn
+    graded = _graded(tmp_path, db, algorithm, no_code=0.3, error=0.1, invalid=0.05)
+    groups = complete_groups(db.rollout_rows(), COMPONENTS, penalties=graded.train.penalties)
+    adv, rewards = graded.advantages(groups, 1)
+    assert np.allclose(rewards[0], [-0.3, -0.1, -0.05])
+    assert adv[0][0] < adv[0][1] < adv[0][2]
+
+
+def test_a_vpo_rollout_pays_for_the_examples_it_copies_beside_an_answer_that_scored(tmp_path):
+    """VPO's set reward takes the best answer, so without a penalty a copy of the prompt's
+    example beside it costs nothing and is reinforced with it (the collapse measured in issue 21)."""
+    db = open_db(tmp_path)
+    good = ("ok", {"x": 0.5, "y": 0.5})
+    copy = ("mutation_failed", None, "SEARCH block 1 not found in the parent: points = [i * step]")
+    add_group(db, [[good, copy, copy], [good, good, good]])
+    hook = _graded(tmp_path, db, "vpo", no_code=0.2)
+    _, plain = _hook(tmp_path, db, "vpo").advantages(complete_groups(db.rollout_rows(), COMPONENTS), 1)
+    assert plain[0][0] == plain[0][1]  # the same best answer: the copies are free
+    groups = complete_groups(db.rollout_rows(), COMPONENTS, penalties=hook.train.penalties)
+    adv, rewards = hook.advantages(groups, 1)
+    assert np.isclose(rewards[0][1] - rewards[0][0], 0.2 * 2 / 3) and adv[0][0] < 0 < adv[0][1]
