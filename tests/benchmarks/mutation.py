@@ -7,7 +7,8 @@ parents, and every child goes through the real sandbox and judge:
     python tests/benchmarks/mutation.py problems/circle_packing.yaml --variants diff rewrite
 
 Per variant: answers, applied, valid, better than the parent, identical to the parent (its
-outputs), the best child, tokens/s and seconds per call. Parents: the problem's seed, and
+outputs), the best child, tokens/s and seconds per call (re-asks included: `rewrite_reask`
+asks once more, with the reason, for each answer that could not be applied). Parents: the problem's seed, and
 with --parents RUN_DIR the best program of that run as well.
 """
 from __future__ import annotations
@@ -26,9 +27,9 @@ from sqlalchemy.orm import Session
 
 from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
-from evolve.mutation.code import MutationError, split_answers
+from evolve.mutation.code import UNCHANGED, MutationError, split_answers
 from evolve.mutation.pipeline import request_seed
-from evolve.mutation.prompt import KNOB, build_messages, make_child
+from evolve.mutation.prompt import KNOB, _answer_instructions, build_messages, make_child
 from evolve.rundir import RunDir
 from evolve.search.tuning import Trial, adds_knob, changes_structure, tune
 from evolve.serving.client import PolicyClient
@@ -65,7 +66,15 @@ VARIANTS = {
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
     "complete": ({"answer_format": "complete"}, {}),
     "complete_t1.0": ({"answer_format": "complete", "temperature": 1.0}, {}),
+    # ShinkaEvolve's repair: an answer that does not apply is asked for once more, with the reason
+    "rewrite_reask": ({"answer_format": "rewrite"}, {"reask": True}),
 }
+
+
+def reask(messages: list[dict], answer: str, error: str, m: int, fmt: str) -> list[dict]:
+    """The same request, the failed answer and why it could not be applied, and the task again."""
+    return [*messages, {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"That answer could not be applied: {error}.\n{_answer_instructions(m, fmt)}"}]
 
 
 async def _tuned(evaluator, code: str, objective: float, trials: int, seed: int) -> float:
@@ -83,7 +92,7 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     client.policy = policy.model_copy(update={"sampling": sampling})
     fmt = fields.get("answer_format", policy.answer_format)
     counts = dict(answers=0, applied=0, valid=0, better=0, same=0, structural=0, knobs=0, tokens=0, seconds=0.0,
-                  tuned=0, better_tuned=0)
+                  tuned=0, better_tuned=0, reasked=0, reask_applied=0)
     best = None
     for k in range(calls):
         parent = parents[k % len(parents)]
@@ -97,13 +106,31 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
         counts["tokens"] += sample.completion_tokens or 0
         with open(log, "a") as f:
             f.writelines(json.dumps({"variant": variant, "text": t}) + "\n" for t in sample.texts)
-        children = []
+        children, failed = [], []
         for text in sample.texts:
             for answer in split_answers(text, policy.answers):
                 counts["answers"] += 1
                 try:
                     children.append(make_child(parent.code, answer, fmt, problem.entry_point))
                     counts["applied"] += 1
+                except MutationError as exc:
+                    if prompt.get("reask") and not str(exc).startswith(UNCHANGED):
+                        failed.append((answer, str(exc)))
+        if failed:  # each asked once more; a child of the second answer takes the first one's place
+            started = time.time()
+            again = await asyncio.gather(*(
+                client.sample(reask(messages, a, e, 1, fmt), 1, seed=request_seed(seed, 10_000 + 100 * k + i))
+                for i, (a, e) in enumerate(failed)))
+            counts["seconds"] += time.time() - started
+            counts["reasked"] += len(failed)
+            for repaired in again:
+                counts["tokens"] += repaired.completion_tokens or 0
+                with open(log, "a") as f:
+                    f.write(json.dumps({"variant": variant, "reask": True, "text": repaired.texts[0]}) + "\n")
+                try:
+                    children.append(make_child(parent.code, repaired.texts[0], fmt, problem.entry_point))
+                    counts["applied"] += 1
+                    counts["reask_applied"] += 1
                 except MutationError:
                     pass
         results = await asyncio.gather(*(evaluator.evaluate(code) for code in children))
@@ -177,13 +204,14 @@ def main() -> None:
             await client.close()
         asyncio.run(all_variants())
     lines = ["| variant | answers | applied | valid | new shape | new shape, same outputs | better than parent | "
-             "same as parent | better after tuning | best objective | tok/s | s/call |", "|" + "---|" * 12]
+             "same as parent | better after tuning | re-asked (applied) | best objective | tok/s | s/call |",
+             "|" + "---|" * 13]
     for v, r in rows.items():
         a = max(r["answers"], 1)
         lines.append(f"| {v} | {r['answers']} | {r['applied'] / a:.0%} | {r['valid'] / a:.0%} | "
                      f"{r.get('structural', '-')} | {r.get('knobs', '-')} | "
                      f"{r['better']} ({r['better'] / a:.1%}) | {r['same']} | "
-                     f"{r['better_tuned']}/{r['tuned']} | "
+                     f"{r['better_tuned']}/{r['tuned']} | {r['reasked']} ({r['reask_applied']}) | "
                      f"{r['best_objective'] or 0:.4f} | {r['tokens'] / r['seconds']:.0f} | "
                      f"{r['seconds'] / args.calls:.0f} |")
     text = "\n".join(lines)
