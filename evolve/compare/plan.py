@@ -71,7 +71,7 @@ class Plan:
     seeds: list[int]
     budget: int  # evaluated candidates per arm
     max_llm_calls: int | None  # a guard per arm against a mutator that never yields a valid child
-    heldout: dict  # {"parents", "samples", "k_max", "skip"}
+    heldout: dict  # {"parents", "samples", "k_max", "skip", "all_versions", "from"}
     sets: list[str] = field(default_factory=list)  # --set overrides of the problem, for every arm
 
     def arms(self) -> list[Arm]:
@@ -113,7 +113,7 @@ def new_plan(args) -> Plan:
                           for p, path in zip(policies, args.policies)],
                 seeds=list(range(args.seeds)), budget=args.budget, max_llm_calls=args.max_llm_calls,
                 heldout={"parents": args.heldout_parents, "samples": args.heldout_samples, "k_max": k_max,
-                         "skip": args.skip_heldout,
+                         "skip": args.skip_heldout, "all_versions": args.heldout_versions,
                          "from": [str(Path(d).resolve()) for d in args.heldout_from or []]})
 
 
@@ -340,13 +340,17 @@ def measure_heldout(plan: Plan, arms: list[Arm], say=print) -> None:
         f"{settings.samples} answers each, per arm")
     for arm in arms:
         spec = RunDir(arm.dir).spec()
-        url = spec["db_url"]
-        info = {"name": arm.name, "seed": arm.seed, "evaluations": arm_state(arm).evaluations,
-                "version": heldout.final_version(url, spec["run_name"])}
-        say(f"held-out {arm.index + 1}/{len(arms)}: {arm.name}, policy v{info['version']['version']} "
-            f"({info['version']['model']})")
+        published = heldout.versions(spec["db_url"], spec["run_name"])
+        # v0 is the base model: the training arm's own baseline is the frozen arm with its m
+        measured = [v for v in published[:-1] if v["version"] > 0] if plan.heldout.get("all_versions") else []
+        jobs = [(folder / f"{arm.name}@v{v['version']}.json", v) for v in measured] + \
+            [(folder / f"{arm.name}.json", published[-1])]
+        info = {"name": arm.name, "seed": arm.seed, "evaluations": arm_state(arm).evaluations}
+        say(f"held-out {arm.index + 1}/{len(arms)}: {arm.name}, policy "
+            + ", ".join(f"v{v['version']}" for _, v in jobs) + f" ({published[-1]['model']})")
         policy = load_policy(arm_policy(plan, arm))
-        heldout.measure_arm(folder / f"{arm.name}.json", problem, policy, info, parents, settings, say)
+        heldout.measure_arm([(out, {**info, "version": v}) for out, v in jobs], problem, policy, parents,
+                            settings, say)
 
 
 def _parents(plan: Plan, arms: list[Arm], problem, folder: Path) -> list[dict]:
@@ -395,7 +399,9 @@ def compare(args, view=None) -> int:
     if args.resume:
         plan = Plan.load(args.resume)
         extra = [str(Path(d).resolve()) for d in getattr(args, "heldout_from", None) or []]
-        held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))} if extra else None
+        held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))}
+        if getattr(args, "heldout_versions", False):  # may be asked for once the arms are done
+            held["all_versions"] = True
         plan = raise_budget(plan, args.budget, held)
     else:
         if args.problem is None or not args.policies or args.budget is None:

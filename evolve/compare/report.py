@@ -348,6 +348,54 @@ def baselines(policies: list) -> list[str]:
     return lines
 
 
+def version_quality(plan, policies: list, parents: list[dict]) -> list[dict]:
+    """Per training arm and policy version measured on the held-out parents (heldout/ARM@vN.json,
+    and ARM.json for its last): its valid and improving answers against its baseline's, the
+    frozen arm with the same m and seed (the base model, v0)."""
+    folder = plan.dir / "heldout"
+    frozen: dict[int, str] = {}
+    for p in policies:
+        if p.train is None:
+            frozen.setdefault(p.answers, p.name)
+    rows = []
+    for p in (p for p in policies if p.train is not None):
+        for seed in plan.seeds:
+            base = _pool_counts(folder / f"{frozen[p.answers]}-s{seed}.json", parents) if p.answers in frozen else None
+            earlier = sorted(folder.glob(f"{p.name}-s{seed}@v*.json"), key=lambda f: int(f.stem.rsplit("@v", 1)[1]))
+            for path in [*earlier, folder / f"{p.name}-s{seed}.json"]:
+                if (counts := _pool_counts(path, parents)) is not None:
+                    rows.append({"arm": f"{p.name}-s{seed}", **counts,
+                                 **{what: _rate(counts, base, what) for what in ("valid", "improving")}})
+    return rows
+
+
+def _pool_counts(path: Path, parents: list[dict]) -> dict | None:
+    """Answers, valid answers and answers that beat their parent in a complete held-out pool."""
+    from evolve.rl.heldout import digest
+
+    if not path.exists() or not parents:
+        return None
+    record = json.loads(path.read_text())
+    if record.get("parents_digest") != digest(parents) or any(p["key"] not in record["parents"] for p in parents):
+        return None
+    answers = [a for p in parents for a in record["parents"][p["key"]]["answers"]]
+    return {"version": record["policy_version"], "answers": len(answers),
+            "valid_n": sum(a["status"] == "ok" for a in answers),
+            "improving_n": sum(a["beats_parent"] for a in answers)}
+
+
+def _rate(counts: dict, base: dict | None, what: str) -> dict:
+    """A rate with its Wilson interval, and where it stands against the baseline's: below or above
+    when the 95% interval of the difference (Newcombe) lies wholly on that side of 0."""
+    k, n = counts[f"{what}_n"], counts["answers"]
+    out = {"rate": k / max(n, 1), "ci95": stats.wilson(k, n), "vs_base": None, "diff_ci95": None}
+    if base is not None:
+        lo, hi = stats.rate_difference_ci(k, n, base[f"{what}_n"], base["answers"])
+        out["diff_ci95"] = (lo, hi)
+        out["vs_base"] = "below" if hi < 0 else "above" if lo > 0 else "level"
+    return out
+
+
 # ---- the report -------------------------------------------------------------------------------------
 def write_report(plan, arms, out: Path) -> Path:
     """Read every arm, write figures.json, the PNGs and report.md into `out`; returns report.md."""
@@ -362,7 +410,9 @@ def write_report(plan, arms, out: Path) -> Path:
     fig["arms"] = {m["arm"]: m for m in metrics}
     fig["heldout_arms"] = heldout
     fig["verdicts"] = verdicts(fig, names)
-    fig["baselines"] = baselines([load_policy(p["path"]) for p in plan.policies])
+    policies = [load_policy(p["path"]) for p in plan.policies]
+    fig["baselines"] = baselines(policies)
+    fig["versions"] = version_quality(plan, policies, parents)
     fig["settings"] = {"problem": problem.name, "policies": names, "seeds": plan.seeds, "budget": plan.budget,
                        "max_llm_calls": plan.max_llm_calls, "heldout": plan.heldout,
                        "heldout_parents": [{k: p[k] for k in ("key", "source", "objective", "headline", "held_out")}
@@ -423,6 +473,7 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
               "here is rough (and narrower than the truth): the p-value is the claim.", ""]
     lines += _policy_table(fig, names, problem.headline) + [""] + _arm_table(fig, problem.headline) + [""]
     lines += _equal_updates_section(fig) + [""] + _heldout_section(fig, names) + [""]
+    lines += _versions_section(fig) + [""]
     lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## What the numbers are", "",
               "- Budget: evaluated candidates (failed mutations and duplicates are free), the same for every arm.",
@@ -502,3 +553,21 @@ def _heldout_section(fig: dict, names: list[str]) -> list[str]:
     if missing:
         rows += ["", f"No complete held-out pools for {', '.join(missing)} yet."]
     return rows
+
+
+def _versions_section(fig: dict) -> list[str]:
+    rows = fig.get("versions") or []
+    if not rows:
+        return []
+    out = ["## Held-out quality per policy version", "",
+           "Each training arm's versions on the held-out parents (`--heldout-versions`; without it only the "
+           "last), against its baseline: the frozen arm with the same m and seed, i.e. the base model. "
+           "Rates with their 95% Wilson interval; below / above: the 95% interval of the difference "
+           "(Newcombe) lies wholly below / above 0; level otherwise.", "",
+           "| arm | version | answers | valid | vs base | improving | vs base |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        v, i = r["valid"], r["improving"]
+        out.append(f"| {r['arm']} | v{r['version']} | {r['answers']} | "
+                   f"{v['rate']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | {v['vs_base'] or '-'} | "
+                   f"{i['rate']:.3f} [{i['ci95'][0]:.3f}, {i['ci95'][1]:.3f}] | {i['vs_base'] or '-'} |")
+    return out

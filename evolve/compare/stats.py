@@ -3,7 +3,8 @@
 - best@k and pass@k over a pool of n sampled answers (k drawn without replacement);
 - diversity of a group's answers (mean pairwise L1 between reward vectors);
 - MAP-Elites coverage and QD-score;
-- a seeded bootstrap confidence interval, and a rank permutation verdict for a pair of arms.
+- a seeded bootstrap confidence interval, and a rank permutation verdict for a pair of arms;
+- Wilson intervals of a rate, and Newcombe's interval of the difference of two rates.
 """
 from __future__ import annotations
 
@@ -209,3 +210,20 @@ def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], wh
         if floor >= alpha:
             text += f"; with these seeds the smallest possible p is {floor:.3g}: add seeds for a claim"
     return Verdict(name_a, name_b, x.size, y.size, ma, mb, u, p, floor, (low, high), winner, text)
+
+
+# ---- rates (held-out quality per policy version) --------------------------------------------------
+def wilson(k: int, n: int, level: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval of the rate k/n (sound at 0/n and n/n, unlike the normal one)."""
+    if n == 0:
+        return (0.0, 1.0)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
+    return (float(ci.low), float(ci.high))
+
+
+def rate_difference_ci(k1: int, n1: int, k2: int, n2: int, level: float = CONFIDENCE) -> tuple[float, float]:
+    """Interval of k1/n1 - k2/n2 from the two Wilson intervals (Newcombe 1998, method 10)."""
+    p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
+    (l1, u1), (l2, u2) = wilson(k1, n1, level), wilson(k2, n2, level)
+    d = p1 - p2
+    return (d - math.hypot(p1 - l1, u2 - p2), d + math.hypot(u1 - p1, p2 - l2))

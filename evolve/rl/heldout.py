@@ -1,4 +1,5 @@
-"""Held-out measurement for `evolve compare`: best@k and pass@k of an arm's final policy.
+"""Held-out measurement for `evolve compare`: best@k and pass@k of an arm's final policy (and,
+with --heldout-versions, of every version it published).
 
 The protocol (docs/design.md §8, the VPO paper's): give the policy a fixed set of parents it never
 trained on, sample a pool of n answers for each, evaluate every answer in the sandbox, and
@@ -12,8 +13,9 @@ elites exist than asked for, the comparison says so and how to get more (a froze
 budget, or `--heldout-from` a finished run of the same problem).
 
 Nothing here writes to an arm's database: the calls and evaluations made here are not part of
-any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.json, written after
-each parent so an interrupted measurement resumes where it stopped.
+any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.json (the final
+version) and <arm>@v<N>.json (the earlier ones), written after each parent so an interrupted
+measurement resumes where it stopped.
 """
 from __future__ import annotations
 
@@ -115,13 +117,17 @@ def digest(parents: list[dict]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-# ---- the arm's final policy -----------------------------------------------------------------------
-def final_version(db_url: str, run_name: str) -> dict:
-    """The arm's latest policy version: {version, model (served name), adapter_path}."""
+# ---- the arm's policy versions ---------------------------------------------------------------------
+def versions(db_url: str, run_name: str) -> list[dict]:
+    """The arm's published policy versions, oldest first: {version, model (served name), adapter_path}."""
     rows = _query(db_url, select(PolicyVersion).join(Run, Run.id == PolicyVersion.run_id)
-                  .where(Run.name == run_name).order_by(PolicyVersion.version.desc()).limit(1))
-    v = rows[0]
-    return {"version": v.version, "model": v.model, "adapter_path": v.adapter_path}
+                  .where(Run.name == run_name).order_by(PolicyVersion.version))
+    return [{"version": v.version, "model": v.model, "adapter_path": v.adapter_path} for v in rows]
+
+
+def final_version(db_url: str, run_name: str) -> dict:
+    """The arm's latest policy version."""
+    return versions(db_url, run_name)[-1]
 
 
 # ---- sampling and scoring a pool ------------------------------------------------------------------
@@ -193,26 +199,31 @@ def _answer_record(result, parent_objective: float, components: list[str]) -> di
 
 
 # ---- one arm -----------------------------------------------------------------------------------------
-def measure_arm(out: Path, problem: Problem, policy: Policy, arm: dict, parents: list[dict],
-                settings: Settings, say) -> dict:
-    """Serve the arm's final policy and fill `out` (the arm's held-out JSON); returns the record."""
+def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy, parents: list[dict],
+                settings: Settings, say) -> list[dict]:
+    """Serve the arm's policy versions in turn on one server, each filling its own held-out JSON.
+
+    jobs: (out, arm) per version, arm["version"] naming it; the server (and its log) is started
+    only if some pool is incomplete. Returns the records, in the order of the jobs."""
     from evolve.judge.evaluator import Evaluator
     from evolve.serving.server import start_policy_server
 
-    record = _load(out, arm, settings)
-    record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
-    todo = [i for i, p in enumerate(parents) if p["key"] not in record["parents"]]
-    if not todo:
-        return record
-    server_dir = out.with_suffix("")  # the server's log goes next to the pools
-    server_dir.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as stack:
-        base_url, model, _ = start_policy_server(policy, server_dir, arm["seed"], stack)
-        evaluator = Evaluator(problem)
-        stack.callback(evaluator.sandbox.close)
-        asyncio.run(_measure(out, record, problem, policy, parents, todo, base_url, model, evaluator,
-                             settings, say))
-    return record
+    records = [(out, _load(out, arm, settings)) for out, arm in jobs]
+    todo = [(out, record, [i for i, p in enumerate(parents) if p["key"] not in record["parents"]])
+            for out, record in records]
+    todo = [job for job in todo if job[2]]
+    if todo:
+        server_dir = jobs[-1][0].with_suffix("")  # the server's log goes next to the final pools
+        server_dir.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as stack:
+            base_url, model, _ = start_policy_server(policy, server_dir, jobs[-1][1]["seed"], stack)
+            evaluator = Evaluator(problem)
+            stack.callback(evaluator.sandbox.close)
+            for out, record, missing in todo:
+                record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
+                asyncio.run(_measure(out, record, problem, policy, parents, missing, base_url, model,
+                                     evaluator, settings, say))
+    return [record for _, record in records]
 
 
 def _load(out: Path, arm: dict, settings: Settings) -> dict:
@@ -230,17 +241,18 @@ def _load(out: Path, arm: dict, settings: Settings) -> dict:
 
 
 async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say):
-    from evolve.serving.adapters import load_adapter
+    from evolve.serving.adapters import load_adapter, unload_adapter
     from evolve.serving.client import PolicyClient
     from evolve.serving.link import PolicyLink
 
     version = record["policy_version"]
     client = PolicyLink(PolicyClient(policy, base_url, model), lambda event: say("  " + event.message))
+    server_url = base_url.removesuffix("/").removesuffix("/v1")
+    loaded = False
     try:
-        if version > 0:  # a trained arm: its latest adapter, loaded as the run's hook loads it
-            server_url = base_url.removesuffix("/").removesuffix("/v1")
+        if version > 0:  # a trained version: its adapter, loaded as the run's hook loads it
             await load_adapter(server_url, record["model"], record["adapter_path"])
-            client.model = record["model"]
+            loaded, client.model = True, record["model"]
         for i in todo:
             parent = parents[i]
             answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
@@ -255,4 +267,6 @@ async def _measure(out, record, problem, policy, parents, todo, base_url, model,
                 f"{valid} valid, {wins} beat the parent, best objective "
                 f"{max(a['objective'] for a in scored):.4f} (parent {parent['objective']:.4f})")
     finally:
+        if loaded:  # the arm's next version is measured on the same server
+            await unload_adapter(server_url, record["model"])
         await client.close()

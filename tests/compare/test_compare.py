@@ -405,7 +405,8 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     cmd = [sys.executable, "-m", "evolve.cli", "compare", str(problem), "--policies", str(frozen), str(grpo),
            "--seeds", "1", "--budget", "2", "--max-llm-calls", "2", "--heldout-parents", "1",
            "--heldout-samples", "2", "--k-max", "2", "--out", str(out), "--no-dashboard",
-           "--heldout-from", str(other_run)]  # SmolLM2's arms store almost no elite
+           "--heldout-from", str(other_run),  # SmolLM2's arms store almost no elite
+           "--heldout-versions"]
     settings = Server(port=SMOL_PORT, max_model_len=4096, extra_args=["--enforce-eager"])
     with VLLMServer(ensure_model(SMOL_MODEL), SMOL_MODEL, settings, tmp_path / "vllm.log", lora_rank=8):
         started = time.time()
@@ -445,6 +446,16 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     for name in ("frozen-s0", "grpo-s0"):
         pools = fig["heldout_arms"][name]
         assert pools["k"] == [1, 2] and all(len(p["best_at_k"]) == 2 for p in pools["parents"].values())
+    # every version the training arm published measured on the same parents, on one server
+    published = [v for (v,) in query(out / "arms" / "grpo-s0" / "evolve.db",
+                                     "SELECT version FROM policy_versions ORDER BY version")]
+    earlier = [v for v in published[:-1] if v > 0]
+    for v in earlier:
+        assert json.loads((out / "heldout" / f"grpo-s0@v{v}.json").read_text())["policy_version"] == v
+    rows = fig["versions"]
+    assert [(r["arm"], r["version"]) for r in rows] == [("grpo-s0", v) for v in earlier + published[-1:]]
+    assert all(r["answers"] == 2 and r["valid"]["vs_base"] in ("below", "level", "above") for r in rows)
+    assert "## Held-out quality per policy version" in md
     [line] = fig["verdicts"]["final best objective"]
     assert line.startswith("frozen vs grpo: one seed: no statistical claim") and line in md
     print(f"compare end to end: {time.time() - started:.0f} s\n" + md)
@@ -468,3 +479,33 @@ def test_each_training_arm_is_told_its_own_baseline():
     assert lines == ["grpo (m=1): its baseline is frozen (frozen, m=1)",
                      "vpo (m=3): its baseline is frozen_m3 (frozen, m=3)"]
     assert "no frozen arm with m=3" in baselines([frozen, grpo, vpo])[1]
+
+
+def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_path):
+    """Held-out pools of a training arm's versions, read against its frozen m-matched arm's pool."""
+    from evolve.compare.report import version_quality
+
+    parents = [{"key": f"from:x#{i}", "code": f"x = {i}", "inspirations": []} for i in range(2)]
+    folder = tmp_path / "heldout"
+    folder.mkdir()
+
+    def pool(name: str, version: int, valid: int, wins: int, n: int = 20) -> None:
+        answers = [{"status": "ok" if i < valid else "error", "beats_parent": i < wins} for i in range(n)]
+        record = {"policy_version": version, "parents_digest": heldout.digest(parents),
+                  "parents": {p["key"]: {"answers": answers} for p in parents}}
+        (folder / f"{name}.json").write_text(json.dumps(record))
+
+    pool("frozen-s0", 0, valid=10, wins=2)
+    pool("frozen_m3-s0", 0, valid=19, wins=2)  # another m: not grpo's baseline
+    pool("grpo-s0@v1", 1, valid=1, wins=0)
+    pool("grpo-s0@v2", 2, valid=10, wins=3)
+    pool("grpo-s0", 10, valid=20, wins=12)
+    policies = [load_policy(ROOT / "policies" / f"{n}.yaml") for n in ("frozen", "frozen_m3", "grpo")]
+    plan = compare.Plan(tmp_path, "problem.yaml", [], [0], 3, None, {})
+    rows = version_quality(plan, policies, parents)
+    assert [r["version"] for r in rows] == [1, 2, 10]  # v10 sorts after v2: by number, the last from ARM.json
+    assert [r["answers"] for r in rows] == [40, 40, 40]
+    assert [r["valid"]["vs_base"] for r in rows] == ["below", "level", "above"]
+    assert [r["improving"]["vs_base"] for r in rows] == ["level", "level", "above"]
+    assert rows[1]["valid"]["rate"] == 0.5 and rows[1]["valid"]["ci95"] == pytest.approx(stats.wilson(20, 40))
+    assert version_quality(plan, policies, parents[:1]) == []  # pools of another parent set are stale

@@ -176,3 +176,12 @@ def test_verdict_one_seed_makes_no_claim():
     v = stats.verdict("frozen", [0.8], "grpo", [0.9])
     assert v.winner is None and v.p is None
     assert v.text.startswith("frozen vs grpo: one seed: no statistical claim")
+
+
+def test_wilson_and_newcombe_reproduce_the_published_examples():
+    """Newcombe (1998), Stat. Med. 17: 81/263 (single rate) and examples (a), (c) of method 10."""
+    assert stats.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert stats.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert stats.rate_difference_ci(56, 70, 48, 80) == pytest.approx((0.0524, 0.3339), abs=1e-4)
+    assert stats.rate_difference_ci(9, 10, 3, 10) == pytest.approx((0.1705, 0.8090), abs=1e-4)
+    assert stats.wilson(0, 0) == (0.0, 1.0)
