@@ -67,7 +67,7 @@ def share(run_dir: Path) -> None:
               f"mean |A| {r.mean_abs_advantage:.3f}")
 
 
-def group(prompt_tokens: int, lengths: list[int]) -> None:
+def group(prompt_tokens: int, lengths: list[int], runs: int) -> None:
     import time
 
     import torch
@@ -79,7 +79,7 @@ def group(prompt_tokens: int, lengths: list[int]) -> None:
     t = Trainer(ensure_model("qwen2.5-coder-0.5b-instruct"), Train(algorithm="grpo"), temperature=0.8)
     print(f"trainer loaded: peak RSS {peak_rss_mb():.0f} MB")
     g = torch.Generator().manual_seed(0)
-    for run in range(2):  # the first pays one-off kernel set-up
+    for run in range(runs):  # the first pays one-off kernel set-up
         seq = Sequence(torch.randint(0, 1000, (prompt_tokens,), generator=g),
                        [torch.randint(0, 1000, (n,), generator=g) for n in lengths], torch.randn(len(lengths)))
         started = time.time()
@@ -101,9 +101,10 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=1600, help="group: the prompt's length")
     p.add_argument("--lengths", type=int, nargs="+", default=[60, 80, 100, 113, 120, 150, 200, 250],
                    help="group: the completions' lengths in tokens")
+    p.add_argument("--runs", type=int, default=2, help="group: times the group is run (the first pays set-up)")
     args = p.parse_args()
     if args.mode == "group":
-        group(args.prompt_tokens, args.lengths)
+        group(args.prompt_tokens, args.lengths, args.runs)
     elif args.mode == "steps":
         steps(args.run_dir, args.policy, args.steps)
     else:
