@@ -7,8 +7,9 @@ parents, and every child goes through the real sandbox and judge:
     python tests/benchmarks/mutation.py problems/circle_packing.yaml --variants diff rewrite
 
 Per variant: answers, applied, valid, better than the parent, identical to the parent (its
-outputs), the best child, tokens/s and seconds per call (re-asks included: `rewrite_reask`
-asks once more, with the reason, for each answer that could not be applied). Parents: the problem's seed, and
+outputs), the best child, tokens/s and seconds per call (repairs included: `rewrite_reask`
+asks once more, with the reason, for each answer that could not be applied; `rewrite_continue`
+continues each answer that stopped after its sentence, with the code fence opened). Parents: the problem's seed, and
 with --parents RUN_DIR the best program of that run as well.
 """
 from __future__ import annotations
@@ -68,7 +69,21 @@ VARIANTS = {
     "complete_t1.0": ({"answer_format": "complete", "temperature": 1.0}, {}),
     # ShinkaEvolve's repair: an answer that does not apply is asked for once more, with the reason
     "rewrite_reask": ({"answer_format": "rewrite"}, {"reask": True}),
+    # an answer that stopped after its sentence of intent is continued with the code fence opened
+    "rewrite_continue": ({"answer_format": "rewrite"}, {"reask": True, "continue": True}),
 }
+FENCE = "\n\n```python\n"
+
+
+async def continued(client, messages: list[dict], answer: str, seed: int) -> tuple[str, int]:
+    """The answer with its code fence opened, continued by the model up to the closing fence."""
+    s = client.policy.sampling
+    prefix = answer.rstrip() + FENCE
+    resp = await client.client.chat.completions.create(
+        model=client.model, messages=[*messages, {"role": "assistant", "content": prefix}], n=1,
+        temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=seed, stop=["\n```"],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    return prefix + (resp.choices[0].message.content or "") + "\n```", resp.usage.completion_tokens
 
 
 def reask(messages: list[dict], answer: str, error: str, m: int, fmt: str) -> list[dict]:
@@ -114,21 +129,27 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
                     children.append(make_child(parent.code, answer, fmt, problem.entry_point))
                     counts["applied"] += 1
                 except MutationError as exc:
-                    if prompt.get("reask") and not str(exc).startswith(UNCHANGED):
+                    no_code = "code block" in str(exc) and "```" not in answer
+                    if prompt.get("reask") and not str(exc).startswith(UNCHANGED) \
+                            and (no_code or not prompt.get("continue")):
                         failed.append((answer, str(exc)))
-        if failed:  # each asked once more; a child of the second answer takes the first one's place
+        if failed:  # each repaired once; a child of the repair takes the failed answer's place
             started = time.time()
-            again = await asyncio.gather(*(
-                client.sample(reask(messages, a, e, 1, fmt), 1, seed=request_seed(seed, 10_000 + 100 * k + i))
-                for i, (a, e) in enumerate(failed)))
+            seeds = [request_seed(seed, 10_000 + 100 * k + i) for i in range(len(failed))]
+            if prompt.get("continue"):
+                again = await asyncio.gather(*(continued(client, messages, a, sd) for (a, _), sd in zip(failed, seeds)))
+            else:
+                samples = await asyncio.gather(*(client.sample(reask(messages, a, e, 1, fmt), 1, seed=sd)
+                                                 for (a, e), sd in zip(failed, seeds)))
+                again = [(x.texts[0], x.completion_tokens or 0) for x in samples]
             counts["seconds"] += time.time() - started
             counts["reasked"] += len(failed)
-            for repaired in again:
-                counts["tokens"] += repaired.completion_tokens or 0
+            for text, tokens in again:
+                counts["tokens"] += tokens
                 with open(log, "a") as f:
-                    f.write(json.dumps({"variant": variant, "reask": True, "text": repaired.texts[0]}) + "\n")
+                    f.write(json.dumps({"variant": variant, "repair": True, "text": text}) + "\n")
                 try:
-                    children.append(make_child(parent.code, repaired.texts[0], fmt, problem.entry_point))
+                    children.append(make_child(parent.code, text, fmt, problem.entry_point))
                     counts["applied"] += 1
                     counts["reask_applied"] += 1
                 except MutationError:
@@ -204,7 +225,7 @@ def main() -> None:
             await client.close()
         asyncio.run(all_variants())
     lines = ["| variant | answers | applied | valid | new shape | new shape, same outputs | better than parent | "
-             "same as parent | better after tuning | re-asked (applied) | best objective | tok/s | s/call |",
+             "same as parent | better after tuning | repaired (applied) | best objective | tok/s | s/call |",
              "|" + "---|" * 13]
     for v, r in rows.items():
         a = max(r["answers"], 1)
