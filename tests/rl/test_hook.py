@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from evolve.config import Descriptor, Policy, Search, load_policy
-from evolve.rl.hook import RLHook
 from evolve.mutation import pipeline
+from evolve.rl.hook import RLHook
 from evolve.rl.rollouts import complete_groups, failure_kind
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import Completion, LLMCall, PolicyVersion, Program
