@@ -183,15 +183,22 @@ def _diversity(s: Session, run_id: int, problem) -> list[dict]:
 
 
 # ---- one arm's held-out pools ------------------------------------------------------------------------
-def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
-    """best@k, pass@k (k = 1..k_max) and pool diversity, averaged over the parents; None if the
-    pools are missing, partial, or were measured on another parent set."""
+def _complete_pools(path: Path, parents: list[dict]) -> dict | None:
+    """An arm's held-out record if it has a pool for every parent of this parent set, else None."""
     from evolve.rl.heldout import digest
 
     if not path.exists() or not parents:
         return None
     record = json.loads(path.read_text())
     if record.get("parents_digest") != digest(parents) or any(p["key"] not in record["parents"] for p in parents):
+        return None
+    return record
+
+
+def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
+    """best@k, pass@k (k = 1..k_max) and pool diversity, averaged over the parents; None if the
+    pools are missing, partial, or were measured on another parent set."""
+    if (record := _complete_pools(path, parents)) is None:
         return None
     per_parent = {}
     for p in parents:
@@ -371,12 +378,7 @@ def version_quality(plan, policies: list, parents: list[dict]) -> list[dict]:
 
 def _pool_counts(path: Path, parents: list[dict]) -> dict | None:
     """Answers, valid answers and answers that beat their parent in a complete held-out pool."""
-    from evolve.rl.heldout import digest
-
-    if not path.exists() or not parents:
-        return None
-    record = json.loads(path.read_text())
-    if record.get("parents_digest") != digest(parents) or any(p["key"] not in record["parents"] for p in parents):
+    if (record := _complete_pools(path, parents)) is None:
         return None
     answers = [a for p in parents for a in record["parents"][p["key"]]["answers"]]
     return {"version": record["policy_version"], "answers": len(answers),

@@ -125,10 +125,6 @@ def versions(db_url: str, run_name: str) -> list[dict]:
     return [{"version": v.version, "model": v.model, "adapter_path": v.adapter_path} for v in rows]
 
 
-def final_version(db_url: str, run_name: str) -> dict:
-    """The arm's latest policy version."""
-    return versions(db_url, run_name)[-1]
-
 
 # ---- sampling and scoring a pool ------------------------------------------------------------------
 @dataclass
