@@ -125,7 +125,6 @@ def versions(db_url: str, run_name: str) -> list[dict]:
     return [{"version": v.version, "model": v.model, "adapter_path": v.adapter_path} for v in rows]
 
 
-
 # ---- sampling and scoring a pool ------------------------------------------------------------------
 @dataclass
 class Settings:
