@@ -205,9 +205,13 @@ def main() -> None:
     ap.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                     help="tune every valid child and its parent with TRIALS trials, and count the "
                          "children that beat their parent after both are tuned")
+    ap.add_argument("--hint", default="",
+                    help="text added to the problem's description (what a hint buys, e.g. naming a method)")
     ap.add_argument("--out", type=Path, default=Path("runs/mutation-probe"))
     args = ap.parse_args()
     problem, policy = load_problem(args.problem), load_policy(args.policy)
+    if args.hint:
+        problem = problem.model_copy(update={"description": f"{problem.description.rstrip()} {args.hint}\n"})
     args.out.mkdir(parents=True, exist_ok=True)
     rows = {}
     with ExitStack() as stack:
