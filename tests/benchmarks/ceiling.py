@@ -41,6 +41,20 @@ from evolve.store.database import connect
 from evolve.store.schema import Program
 
 STACK = "    centers = np.stack"
+RETURN = "    return centers, max_radii(centers)"
+POLISH = """    from scipy.optimize import minimize
+    i, j = np.triu_indices(n, k=1)
+
+    def room(v):  # >= 0 where no two circles overlap and every circle is inside
+        c, r = v[: 2 * n].reshape(n, 2), v[2 * n:]
+        return np.concatenate([np.hypot(*(c[i] - c[j]).T) - r[i] - r[j],
+                               c[:, 0] - r, 1 - c[:, 0] - r, c[:, 1] - r, 1 - c[:, 1] - r])
+
+    start = np.concatenate([centers.ravel(), max_radii(centers)])
+    v = minimize(lambda v: -v[2 * n:].sum(), start, jac=lambda v: np.r_[np.zeros(2 * n), -np.ones(n)],
+                 method="SLSQP", constraints=[{"type": "ineq", "fun": room}], options={"maxiter": 300}).x
+    centers = np.clip(v[: 2 * n].reshape(n, 2), 0, 1)
+    return"""
 # circle_packing: one structural idea each, as edits of the seed (old text, new text). Every
 # new number starts at its neutral value, so a family starts from the seed's own score.
 FAMILIES = {
@@ -52,6 +66,9 @@ FAMILIES = {
         "column_stagger": (STACK, "    col_stagger = 0.0\n    y = y + col_stagger * (col % 2)\n" + STACK),
         "row_shifts": (STACK, "    shifts = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])\n"
                               "    y = y + shifts[row % 7] / rows\n" + STACK),
+        # Not neutral: the layout refined by an optimiser (SLSQP over centres and radii), the
+        # kind of code the packings near 2.63 run; it tells what an LLM that wrote it would open.
+        "optimiser": (RETURN, RETURN.replace("    return", POLISH)),
     },
 }
 
@@ -114,7 +131,8 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, nargs="+", help="a first step, or LOW HIGH to draw from "
                     "(default: the problem's search.tuning.sigma)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="optimiser seeds (a row each)")
-    ap.add_argument("--families", action="store_true", help="the hand-written shapes as well")
+    ap.add_argument("--families", nargs="*", metavar="NAME",
+                    help="the hand-written shapes as well (all, or those named)")
     ap.add_argument("--run", type=Path, nargs="+", default=[], help="run directories: their LLM children's new shapes")
     ap.add_argument("--max-shapes", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("runs/ceiling"))
@@ -125,8 +143,8 @@ def main() -> None:
         tuning = tuning.model_copy(update={"sigma": args.sigma[0] if len(args.sigma) == 1 else tuple(args.sigma)})
     args.trials = args.trials or tuning.trials
     programs = {"seed": problem.seed_code()}
-    if args.families:
-        programs |= families(problem)
+    if args.families is not None:
+        programs |= {k: v for k, v in families(problem).items() if not args.families or k in args.families}
     for run_dir in args.run:
         programs |= llm_shapes(run_dir, args.max_shapes)
     args.out.mkdir(parents=True, exist_ok=True)
