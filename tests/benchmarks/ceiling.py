@@ -144,7 +144,10 @@ def main() -> None:
     args.trials = args.trials or tuning.trials
     programs = {"seed": problem.seed_code()}
     if args.families is not None:
-        programs |= {k: v for k, v in families(problem).items() if not args.families or k in args.families}
+        shapes = families(problem)
+        if unknown := set(args.families) - set(shapes):
+            ap.error(f"--families: {problem.name} has no family {sorted(unknown)}; it has {sorted(shapes)}")
+        programs |= {k: v for k, v in shapes.items() if not args.families or k in args.families}
     for run_dir in args.run:
         programs |= llm_shapes(run_dir, args.max_shapes)
     args.out.mkdir(parents=True, exist_ok=True)
