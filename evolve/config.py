@@ -348,6 +348,13 @@ class Train(Strict):
         return data
 
 
+class Member(Strict):
+    """Another frozen policy that answers a share of an ensemble's calls: its model on its own
+    server, with the ensemble's prompt and sampling."""
+    policy: str  # a policy YAML, relative to the ensemble's
+    share: float = Field(gt=0, lt=1)
+
+
 class Policy(Strict):
     name: str
     model: str  # a shipped model id (see evolve.serving.models) or a path / served model name
@@ -365,7 +372,20 @@ class Policy(Strict):
     # a test call that raised) after it: what an answer should fix. Not in `complete`.
     judge_notes: bool = True
     train: Train | None = None
+    # An ensemble: other frozen policies that answer a share of the calls each, drawn per call
+    # from its seed; this policy's own model answers the rest. Each call records its model.
+    ensemble: list[Member] = Field(default_factory=list)
     source_path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _ensemble_is_frozen(self):
+        if self.ensemble and self.train is not None:
+            raise ValueError("an ensemble's calls come from several models, so it cannot train: "
+                             "set train: null or drop ensemble")
+        if self.ensemble and sum(m.share for m in self.ensemble) >= 1:
+            raise ValueError(f"the members' shares must leave this policy's own model a share: "
+                             f"they sum to {sum(m.share for m in self.ensemble):g}, expected < 1")
+        return self
 
     @model_validator(mode="after")
     def _one_answer_where_needed(self):
@@ -486,4 +506,28 @@ def problem_snapshot(problem: Problem) -> str:
 
 
 def load_policy(path: str | Path) -> Policy:
-    return load_yaml(path, Policy)
+    policy = load_yaml(path, Policy)
+    ensemble_members(policy)  # a member that cannot serve is an error now, not at its first call
+    return policy
+
+
+def ensemble_members(policy: Policy) -> list[tuple[Policy, float]]:
+    """(policy, share) for each model of the policy: itself first (the share its members
+    leave), then each member, loaded relative to it. One entry for a plain policy."""
+    out = [(policy, 1.0 - sum(m.share for m in policy.ensemble))]
+    base = policy.source_path.parent if policy.source_path else Path.cwd()
+    ports = {policy.server.port} if policy.server.embedded else set()
+    for i, m in enumerate(policy.ensemble):
+        where = f"{policy.source_path}: field 'ensemble.{i}.policy'"
+        try:
+            member = load_yaml(base / m.policy, Policy)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if member.train is not None or member.ensemble:
+            raise ConfigError(f"{where}: {m.policy} must be a frozen single-model policy (no train, no ensemble)")
+        if member.server.embedded and member.server.port in ports:
+            raise ConfigError(f"{where}: {m.policy} serves on port {member.server.port}, which another "
+                              "model of the ensemble uses; give it its own server.port")
+        ports.add(member.server.port)
+        out.append((member, m.share))
+    return out

@@ -6,13 +6,14 @@ import signal
 from contextlib import ExitStack
 from pathlib import Path
 
-from evolve.config import Policy, Problem, load_policy, problem_snapshot, run_problem
+from evolve.config import Policy, Problem, ensemble_members, load_policy, problem_snapshot, run_problem
 from evolve.events import Event, EventLog, print_sink
 from evolve.faults import DATABASE_AWAY, wait_for_database
 from evolve.judge.evaluator import Evaluator
 from evolve.search.controller import Controller
 from evolve.serving.client import PolicyClient, Sampler
 from evolve.serving.endpoints import EndpointPool
+from evolve.serving.ensemble import Ensemble
 from evolve.serving.link import PolicyLink
 from evolve.serving.server import start_policy_server
 from evolve.store.database import ProgramDatabase
@@ -46,11 +47,13 @@ def run_search(run_dir: Path, spec: dict, screen=None, server: tuple | None = No
                      "evaluations", {"run_dir": str(run_dir), "problem": problem.name,
                                      "policy": policy.name, "seed": spec["seed"],
                                      "budget": budget.max_evaluations}))
-        endpoint = None
+        endpoints = []
         if problem.search.llm:  # a tuning-only search needs no policy server
-            endpoint = server or start_policy_server(policy, run_dir, spec["seed"], stack)
+            endpoints = [server or start_policy_server(policy, run_dir, spec["seed"], stack)]
+            endpoints += [start_policy_server(member, run_dir, spec["seed"], stack, f"vllm-{member.name}.log")
+                          for member, _ in ensemble_members(policy)[1:]]
         while True:
-            reason = _session(run_dir, problem, policy, budget, spec["seed"], db, report, endpoint,
+            reason = _session(run_dir, problem, policy, budget, spec["seed"], db, report, endpoints,
                               shared=server is not None)
             if not reason.startswith(DATABASE_AWAY):
                 return reason
@@ -62,20 +65,25 @@ def run_search(run_dir: Path, spec: dict, screen=None, server: tuple | None = No
 
 
 def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int, db: ProgramDatabase,
-             report, endpoint: tuple | None, shared: bool) -> str:
-    """One session of the run on an open database: the policy client, the RL hook, the
-    sandbox and the controller, to a stop reason."""
+             report, endpoints: list[tuple], shared: bool) -> str:
+    """One session of the run on an open database: the policy client (one per model of an
+    ensemble), the RL hook, the sandbox and the controller, to a stop reason."""
     with ExitStack() as stack:
-        client = hook = None
-        if endpoint is not None:
-            base_url, model, vllm = endpoint
-            urls = [base_url] if policy.server.embedded else policy.server.endpoints()
-            raw = PolicyClient(policy, base_url, model) if len(urls) == 1 else \
-                EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report)
-            client = PolicyLink(raw, report, vllm)
-            # a server shared with other runs (`evolve suite`) is never restarted on merged weights
-            hook = client.hook = make_hook(policy, problem, db, run_dir, base_url, report,
-                                           None if shared else vllm, replicas=urls[1:])
+        client: Sampler | None = None
+        hook = None
+        if endpoints:
+            members = ensemble_members(policy)
+            links = [_link(member.model_copy(update={"sampling": policy.sampling}), endpoint, report)
+                     for (member, _), endpoint in zip(members, endpoints)]
+            link, raw, urls = links[0]
+            client = link
+            if len(links) > 1:  # an ensemble never trains (config.Policy)
+                client = Ensemble([(link, share) for (link, _, _), (_, share) in zip(links, members)], seed)
+            else:
+                base_url, _, vllm = endpoints[0]
+                # a server shared with other runs (`evolve suite`) is never restarted on merged weights
+                hook = link.hook = make_hook(policy, problem, db, run_dir, base_url, report,
+                                               None if shared else vllm, replicas=urls[1:])
             if hook is not None and isinstance(raw, EndpointPool):  # each endpoint serves each version
                 raw.rejoin, hook.unreachable = hook.rejoin, raw.take_out
         evaluator = Evaluator(problem, report=report)
@@ -85,6 +93,15 @@ def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int,
                      {"backend": evaluator.sandbox.backend, "warning": warning}))
         controller = Controller(problem, policy, db, evaluator, client, budget, seed, report, hook)
         return asyncio.run(_run(controller, client))
+
+
+def _link(policy: Policy, endpoint: tuple, report) -> tuple[PolicyLink, Sampler, list[str]]:
+    """The patient client of one model, the client it wraps, and the model's endpoints."""
+    base_url, model, vllm = endpoint
+    urls = [base_url] if policy.server.embedded else policy.server.endpoints()
+    raw = PolicyClient(policy, base_url, model) if len(urls) == 1 else \
+        EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report)
+    return PolicyLink(raw, report, vllm), raw, urls
 
 
 def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,

@@ -176,3 +176,46 @@ def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(se
     llm_done = sum(v for (o, _), v in counts.items() if o == "mutation")
     if llm_done:
         assert f"LLM {counts.get(('mutation', 'better'), 0)}/{llm_done} " in line
+
+
+SMOL, SMOL_PORT = "smollm2-135m-instruct", 8142
+
+
+def test_an_ensemble_answers_each_call_with_the_model_its_seed_draws(server, grid_problem, tmp_path):
+    """Two real vLLM servers behind one policy: SmolLM2 (started by the run) and the module's
+    Qwen server (a member policy on its port). Each call is answered by the member its seed
+    draws, records that model, and `evolve status` gives each model's rates."""
+    from evolve.config import ensemble_members, load_policy
+    from evolve.mutation.pipeline import request_seed
+    from evolve.serving.ensemble import Ensemble
+
+    (tmp_path / "qwen.yaml").write_text(
+        f"name: test-qwen\nmodel: {MODEL}\nserver: {{embedded: true, port: {PORT}, max_model_len: 8192}}\n")
+    policy = tmp_path / "ensemble.yaml"
+    policy.write_text(f"""
+name: test-ensemble
+model: {SMOL}
+server: {{embedded: true, port: {SMOL_PORT}, max_model_len: 4096, extra_args: ["--enforce-eager"]}}
+sampling: {{temperature: 0.7, max_tokens: 200, group_size: 2, max_prompt_tokens: 3000}}
+ensemble: [{{policy: qwen.yaml, share: 0.5}}]
+""")
+    run_dir, calls, seed = tmp_path / "run", 6, 0
+    run = evolve("run", grid_problem, "--policy", policy, "--run-dir", run_dir, "--seed", seed,
+                 "--max-llm-calls", calls)
+    assert run.returncode == 0, run.stdout + run.stderr
+    members = [(type("Member", (), {"model": p.model})(), share) for p, share in ensemble_members(load_policy(policy))]
+    drawn = [Ensemble(members, seed).pick(request_seed(seed, k)).model for k in range(calls)]
+    assert set(drawn) == {SMOL, MODEL}  # this seed draws both models
+    with db_session(run_dir) as s:
+        rows = s.execute(select(LLMCall.model, LLMCall.n, LLMCall.error)).all()
+        answered = s.execute(select(LLMCall.model, func.count(Completion.id))
+                             .join(Completion, Completion.call_id == LLMCall.id).group_by(LLMCall.model)).all()
+    assert sorted(m for m, _, _ in rows) == sorted(drawn) and all(e is None for _, _, e in rows)
+    assert dict(answered) == {m: 2 * drawn.count(m) for m in set(drawn)}  # n = 2 each
+    assert (run_dir / "vllm.log").exists()  # the run's own server (SmolLM2); Qwen's is the module's
+    status = evolve("status", run_dir, env={**os.environ, "COLUMNS": "300"})
+    assert status.returncode == 0, status.stderr
+    assert "mutator quality per model" in status.stdout
+    for model in (SMOL, MODEL):
+        row = next(x for x in status.stdout.splitlines() if x.strip().startswith(model))
+        assert [c.strip() for c in row.split("│")][1] == str(drawn.count(model))  # its calls

@@ -265,6 +265,7 @@ class Controller:
             self.emit("llm_error", f"llm call failed: {call.error[:200]}", call=call.id)
             await asyncio.sleep(1.0)
             return
+        call.model = sample.model or call.model  # an ensemble's member that answered
         call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
         call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
         with self.db.batch():  # the call, its completions and its children: all or nothing

@@ -24,6 +24,7 @@ class Sample:
     token_ids: list[list[int] | None] | None = None  # per choice, as served (vLLM only)
     prompt_token_ids: list[int] | None = None
     logprobs: list[list[float] | None] | None = None  # per choice, the sampler's (training only)
+    model: str | None = None  # the served name that answered (an ensemble has several)
 
 
 class Sampler(Protocol):
@@ -78,7 +79,7 @@ class PolicyClient:
                       started_at=started, latency_s=time.time() - started,
                       token_ids=[getattr(c, "token_ids", None) for c in choices],
                       prompt_token_ids=getattr(resp, "prompt_token_ids", None),
-                      logprobs=[_logprobs(c) for c in choices])
+                      logprobs=[_logprobs(c) for c in choices], model=self.model)
 
     async def close(self) -> None:
         await self.client.close()

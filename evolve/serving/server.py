@@ -329,7 +329,8 @@ def _die_with_parent():
     return set_death_signal
 
 
-def start_policy_server(policy: config.Policy, run_dir: Path, seed: int, stack: ExitStack):
+def start_policy_server(policy: config.Policy, run_dir: Path, seed: int, stack: ExitStack,
+                        log_name: str = "vllm.log"):
     """(base_url, served model name, server): the embedded vLLM started here (restartable), or
     the YAML's endpoint (server None: an outage is waited out)."""
     if not policy.server.embedded:
@@ -338,6 +339,6 @@ def start_policy_server(policy: config.Policy, run_dir: Path, seed: int, stack: 
 
     rank = policy.train.lora_rank if policy.train else None
     server = VLLMServer(policy_model_path(policy), served_name=policy.model, server=policy.server,
-                        log_path=run_dir / "vllm.log", seed=seed, lora_rank=rank)
+                        log_path=run_dir / log_name, seed=seed, lora_rank=rank)
     stack.enter_context(server)
     return server.base_url, policy.model, server

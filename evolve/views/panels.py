@@ -330,13 +330,23 @@ VERSION_ROWS = 5  # the newest versions in the dashboard; `evolve status` and ex
 
 def versions_table(versions) -> Table:
     """Per policy version: does learning help? (evolve.views.snapshot.VersionRates)"""
-    t = Table(title="mutator quality per policy version", title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("version", "answers", "applied", "valid", "improving", "same", "tok/s"):
+    return rates_table("mutator quality per policy version", "version", [(f"v{v.version}", v) for v in versions])
+
+
+def models_table(models) -> Table:
+    """Per model of an ensemble (evolve.views.snapshot.ModelRates)."""
+    return rates_table("mutator quality per model", "model", [(m.model, m) for m in models])
+
+
+def rates_table(title: str, label: str, rows) -> Table:
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    t.add_column(label, justify="right")
+    for col in ("calls", "answers", "applied", "valid", "improving", "same", "tok/s"):
         t.add_column(col, justify="right")
-    for v in versions:
-        t.add_row(f"v{v.version}", str(v.answers), pct(v.rate(v.applied)), pct(v.rate(v.valid)),
-                  pct(v.rate(v.better)), pct(v.rate(v.same)),
-                  f"{v.tokens_per_s:.0f}" if v.tokens_per_s is not None else "-")
+    for name, r in rows:
+        t.add_row(name, str(r.calls), str(r.answers), pct(r.rate(r.applied)), pct(r.rate(r.valid)),
+                  pct(r.rate(r.better)), pct(r.rate(r.same)),
+                  f"{r.tokens_per_s:.0f}" if r.tokens_per_s is not None else "-")
     return t
 
 

@@ -21,7 +21,7 @@ from evolve.events import printable
 from evolve.rundir import InspectError
 from evolve.store.schema import Completion, LLMCall, Program, Run
 from evolve.store.schema import Session as RunSession
-from evolve.views.panels import VERSION_ROWS, duration, islands_panel, num, pct, rl_panel, versions_table
+from evolve.views.panels import VERSION_ROWS, duration, islands_panel, models_table, num, pct, rl_panel, versions_table
 from evolve.views.snapshot import RunReader, Snapshot
 
 ERROR_TAIL_LINES = 15
@@ -81,6 +81,8 @@ def print_status(run_dir: Path, spec: dict, console: Console | None = None) -> i
     console.print(rl_panel(s))
     if len(s.rl.versions) > VERSION_ROWS:  # the panel shows the newest: here, every version
         console.print(versions_table(s.rl.versions))
+    if s.models:
+        console.print(models_table(s.models))
     return 0
 
 

@@ -110,9 +110,9 @@ class RLStatus:
 
 
 @dataclass(frozen=True)
-class VersionRates:
-    """The mutator's quality under one policy version: does learning help?"""
-    version: int
+class Rates:
+    """The mutator's quality over a set of calls: one policy version (does learning help?) or
+    one model of an ensemble."""
     calls: int
     answers: int  # mutation children asked for (one per answer)
     applied: int  # the answer applied to its parent
@@ -128,6 +128,16 @@ class VersionRates:
     @property
     def tokens_per_s(self) -> float | None:
         return self.tokens / self.llm_s if self.llm_s > 0 else None
+
+
+@dataclass(frozen=True)
+class VersionRates(Rates):
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class ModelRates(Rates):
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,7 @@ class Snapshot:
     rl: RLStatus
     operators: dict  # origin (mutation | tuned) -> OperatorRates
     backend: str = ""  # the sandbox of the latest evaluation (docker | process)
+    models: tuple = ()  # ModelRates per model, where an ensemble's calls came from several
 
     @property
     def valid_diff_rate(self) -> float | None:
@@ -273,6 +284,7 @@ class RunReader:
         train = policy.get("train")
         self.policy_name, self.model = str(policy.get("name", "?")), str(policy.get("model", "?"))
         self.algorithm = train.get("algorithm", "?") if isinstance(train, dict) else None
+        self.ensemble = bool(policy.get("ensemble"))
         self.seed = run.seed
         self.run_name = name
         self.run_id = run.id
@@ -406,7 +418,8 @@ class RunReader:
                                .where(PolicyVersion.run_id == rid)
                                .order_by(PolicyVersion.version.desc()).limit(1)).first()
         return {"cells": cells, "islands": islands, "sessions": sessions, "version": version,
-                "training": self._read_training(conn), "versions": self._read_versions(conn)}
+                "training": self._read_training(conn), "versions": self._read_versions(conn),
+                "models": self._read_models(conn)}
 
     def _heartbeats(self, conn) -> bool:
         """Whether sessions have heartbeats (revision 0004 on)."""
@@ -428,24 +441,35 @@ class RunReader:
         """Per policy version: answers, applied, valid, improving, same, tokens/s (runs that train)."""
         if self.algorithm is None or not self._has("tunings"):  # frozen, or no outcomes (< 0003)
             return ()
+        return tuple(VersionRates(version=v, **r) for v, r in sorted(self._rates(conn, LLMCall.policy_version).items()))
+
+    def _read_models(self, conn) -> tuple:
+        """Per model, where an ensemble's calls came from more than one."""
+        if not self.ensemble or not self._has("tunings"):
+            return ()
+        rates = self._rates(conn, LLMCall.model)
+        return tuple(ModelRates(model=m, **r) for m, r in sorted(rates.items())) if len(rates) > 1 else ()
+
+    def _rates(self, conn, key) -> dict:
+        """Rates fields of the run's calls grouped by `key` (an LLMCall column)."""
         rid = self.run_id
-        calls = {r.policy_version: r for r in conn.execute(
-            select(LLMCall.policy_version, func.count(LLMCall.id).label("calls"),
+        calls = {r.key: r for r in conn.execute(
+            select(key.label("key"), func.count(LLMCall.id).label("calls"),
                    func.coalesce(func.sum(LLMCall.completion_tokens), 0).label("tokens"),
                    func.coalesce(func.sum(LLMCall.latency_s), 0.0).label("llm_s"))
-            .where(LLMCall.run_id == rid, LLMCall.error.is_(None)).group_by(LLMCall.policy_version))}
-        kids = {r.policy_version: r for r in conn.execute(
-            select(LLMCall.policy_version, func.count(Program.id).label("answers"),
+            .where(LLMCall.run_id == rid, LLMCall.error.is_(None)).group_by(key))}
+        kids = {r.key: r for r in conn.execute(
+            select(key.label("key"), func.count(Program.id).label("answers"),
                    func.sum(case((Program.status != "mutation_failed", 1), else_=0)).label("applied"),
                    func.sum(case((Program.status == "ok", 1), else_=0)).label("valid"),
                    func.sum(case((Program.outcome == "better", 1), else_=0)).label("better"),
                    func.sum(case((Program.outcome == "same", 1), else_=0)).label("same"))
             .join(Completion, Completion.id == Program.completion_id)
             .join(LLMCall, LLMCall.id == Completion.call_id)
-            .where(LLMCall.run_id == rid, Program.origin == "mutation").group_by(LLMCall.policy_version))}
-        return tuple(VersionRates(v, calls[v].calls, *(int(getattr(kids.get(v), k, 0) or 0) for k in
-                                                        ("answers", "applied", "valid", "better", "same")),
-                                  int(calls[v].tokens), float(calls[v].llm_s)) for v in sorted(calls))
+            .where(LLMCall.run_id == rid, Program.origin == "mutation").group_by(key))}
+        return {k: dict(calls=c.calls, tokens=int(c.tokens), llm_s=float(c.llm_s),
+                        **{f: int(getattr(kids.get(k), f, 0) or 0) for f in ("answers", "applied", "valid", "better", "same")})
+                for k, c in calls.items()}
 
     def _read_training(self, conn) -> tuple[int, float, dict | None]:
         if not self._has("training_steps"):  # an older schema (revision 0001), or not yet
@@ -466,7 +490,7 @@ class RunReader:
         self.acc.last_activity = max(self.acc.last_activity, t)
 
     # -- assembling ---------------------------------------------------------------------------
-    def _build(self, now, cells, islands, sessions, version, training, versions=()) -> Snapshot:
+    def _build(self, now, cells, islands, sessions, version, training, versions=(), models=()) -> Snapshot:
         acc = self.acc
         state, elapsed, live = _session_state(sessions, now)
         budget = self.spec.get("budget", {})
@@ -494,7 +518,7 @@ class RunReader:
                         steps=steps, version=version.version if version else 0,
                         adapter=version.adapter_path if version else None, train_s=spent, last=last,
                         versions=versions),
-            operators=self._operators(), backend=acc.backend)
+            operators=self._operators(), backend=acc.backend, models=models)
 
     def _operators(self) -> dict:
         out = {}

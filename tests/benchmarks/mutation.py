@@ -210,6 +210,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/mutation-probe"))
     args = ap.parse_args()
     problem, policy = load_problem(args.problem), load_policy(args.policy)
+    if policy.ensemble:  # one model per probe: the mix is measured by search.py --policy
+        ap.error(f"{args.policy}: an ensemble; probe each member's policy, or run search.py --policy")
     if args.hint:
         problem = problem.model_copy(update={"description": f"{problem.description.rstrip()} {args.hint}\n"})
     args.out.mkdir(parents=True, exist_ok=True)
