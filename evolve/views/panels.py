@@ -330,22 +330,22 @@ VERSION_ROWS = 5  # the newest versions in the dashboard; `evolve status` and ex
 
 def versions_table(versions) -> Table:
     """Per policy version: does learning help? (evolve.views.snapshot.VersionRates)"""
-    return rates_table("mutator quality per policy version", "version", [(f"v{v.version}", v) for v in versions])
+    return rates_table("mutator quality per policy version", [(f"v{v.version}", v) for v in versions], "version")
 
 
 def models_table(models) -> Table:
-    """Per model of an ensemble (evolve.views.snapshot.ModelRates)."""
-    return rates_table("mutator quality per model", "model", [(m.model, m) for m in models])
+    """Per model of an ensemble, with its calls: the draw decides how many each answered
+    (evolve.views.snapshot.ModelRates)."""
+    return rates_table("mutator quality per model", [(m.model, m) for m in models], "model", calls=True)
 
 
-def rates_table(title: str, label: str, rows) -> Table:
+def rates_table(title: str, rows, label: str, calls: bool = False) -> Table:
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    t.add_column(label, justify="right")
-    for col in ("calls", "answers", "applied", "valid", "improving", "same", "tok/s"):
+    for col in (label, *(["calls"] if calls else []), "answers", "applied", "valid", "improving", "same", "tok/s"):
         t.add_column(col, justify="right")
     for name, r in rows:
-        t.add_row(name, str(r.calls), str(r.answers), pct(r.rate(r.applied)), pct(r.rate(r.valid)),
-                  pct(r.rate(r.better)), pct(r.rate(r.same)),
+        t.add_row(name, *([str(r.calls)] if calls else []), str(r.answers), pct(r.rate(r.applied)),
+                  pct(r.rate(r.valid)), pct(r.rate(r.better)), pct(r.rate(r.same)),
                   f"{r.tokens_per_s:.0f}" if r.tokens_per_s is not None else "-")
     return t
 
