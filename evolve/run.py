@@ -78,7 +78,7 @@ def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int,
             link, raw, urls = links[0]
             client = link
             if len(links) > 1:  # an ensemble never trains (config.Policy)
-                client = Ensemble([(link, share) for (link, _, _), (_, share) in zip(links, members)], seed)
+                client = Ensemble([(each, share) for (each, _, _), (_, share) in zip(links, members)], seed)
             else:
                 base_url, _, vllm = endpoints[0]
                 # a server shared with other runs (`evolve suite`) is never restarted on merged weights
