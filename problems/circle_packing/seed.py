@@ -6,7 +6,7 @@ every circle inside the square and no two overlapping, so every small move of a 
 of a number in the block moves the score, and most edits stay valid.
 """
 import numpy as np
-from scipy.optimize import linprog
+from scipy.optimize import linprog, minimize
 
 
 def max_radii(centers):
@@ -31,6 +31,28 @@ def max_radii(centers):
     radii = np.clip(result.x, 0.0, None) if result.success else np.zeros(n)
     excess = max((pairs @ radii - gaps).max(initial=0.0), (radii - border).max(initial=0.0))
     return np.clip(radii - excess, 0.0, None) * (1.0 - 1e-7)
+
+
+def refine(centers):
+    """The given centres moved to a nearby local optimum of the sum of the radii.
+
+    SLSQP over the centres and radii together, starting from the centres and their
+    max_radii; returns only the centres (max_radii then sizes the circles). Where it ends
+    depends on where it starts: a better start gives a better end.
+    """
+    centers = np.clip(np.asarray(centers, dtype=float), 0.0, 1.0)
+    n = len(centers)
+    i, j = np.triu_indices(n, k=1)
+
+    def room(v):  # >= 0 where no two circles overlap and every circle is inside
+        c, r = v[: 2 * n].reshape(n, 2), v[2 * n:]
+        return np.concatenate([np.hypot(*(c[i] - c[j]).T) - r[i] - r[j],
+                               c[:, 0] - r, 1 - c[:, 0] - r, c[:, 1] - r, 1 - c[:, 1] - r])
+
+    start = np.concatenate([centers.ravel(), max_radii(centers)])
+    v = minimize(lambda v: -v[2 * n:].sum(), start, jac=lambda v: np.r_[np.zeros(2 * n), -np.ones(n)],
+                 method="SLSQP", constraints=[{"type": "ineq", "fun": room}], options={"maxiter": 300}).x
+    return np.clip(v[: 2 * n].reshape(n, 2), 0.0, 1.0)
 
 
 # EVOLVE-BLOCK-START
