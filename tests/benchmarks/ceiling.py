@@ -42,19 +42,6 @@ from evolve.store.schema import Program
 
 STACK = "    centers = np.stack"
 RETURN = "    return centers, max_radii(centers)"
-POLISH = """    from scipy.optimize import minimize
-    i, j = np.triu_indices(n, k=1)
-
-    def room(v):  # >= 0 where no two circles overlap and every circle is inside
-        c, r = v[: 2 * n].reshape(n, 2), v[2 * n:]
-        return np.concatenate([np.hypot(*(c[i] - c[j]).T) - r[i] - r[j],
-                               c[:, 0] - r, 1 - c[:, 0] - r, c[:, 1] - r, 1 - c[:, 1] - r])
-
-    start = np.concatenate([centers.ravel(), max_radii(centers)])
-    v = minimize(lambda v: -v[2 * n:].sum(), start, jac=lambda v: np.r_[np.zeros(2 * n), -np.ones(n)],
-                 method="SLSQP", constraints=[{"type": "ineq", "fun": room}], options={"maxiter": 300}).x
-    centers = np.clip(v[: 2 * n].reshape(n, 2), 0, 1)
-    return"""
 # circle_packing: one structural idea each, as edits of the seed (old text, new text). Every
 # new number starts at its neutral value, so a family starts from the seed's own score.
 FAMILIES = {
@@ -66,9 +53,9 @@ FAMILIES = {
         "column_stagger": (STACK, "    col_stagger = 0.0\n    y = y + col_stagger * (col % 2)\n" + STACK),
         "row_shifts": (STACK, "    shifts = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])\n"
                               "    y = y + shifts[row % 7] / rows\n" + STACK),
-        # Not neutral: the layout refined by an optimiser (SLSQP over centres and radii), the
-        # kind of code the packings near 2.63 run; it tells what an LLM that wrote it would open.
-        "optimiser": (RETURN, RETURN.replace("    return", POLISH)),
+        # Not neutral: the layout refined by the seed's optimiser (`refine`: SLSQP over centres
+        # and radii), the kind of code the packings near 2.63 run; what an LLM that calls it opens.
+        "optimiser": (RETURN, "    centers = refine(centers)\n" + RETURN),
     },
 }
 
