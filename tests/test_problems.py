@@ -298,15 +298,14 @@ def test_circle_packing_32_is_its_own_headline():
     assert problem.components[0].reference == 2.939572771205
 
 
-
 # An optimiser's layout leaves many pairs touching; on such centres the sandbox's (older) scipy
 # returned radii that overlapped by up to ~1e-7, and the strict judge scored 4 of the 7 n zero.
 def test_the_seeds_helpers_stay_valid_on_an_optimisers_tight_layouts(docker_ready):
     problem = load_problem(PROBLEMS / "circle_packing.yaml")
-    seed = problem.seed_code()
+    seed, returns = problem.seed_code(), "\n    return centers, max_radii(centers)\n"
     code = (seed.replace("    margin = 0.5 ", "    margin = 0.05 ").replace("    stagger = 0.0 ", "    stagger = 0.05 ")
             .replace("    rise = 1.0 ", "    rise = 1.1 ")
-            .replace("\n    return centers, max_radii(centers)\n", "\n    centers = refine(centers)\n    return centers, max_radii(centers)\n"))
+            .replace(returns, "\n    centers = refine(centers)" + returns))
     assert "margin = 0.05" in code and "centers = refine(centers)" in code
     result = evaluate(problem, code)
     assert result.status == "ok" and min(result.components.values()) > 0.95, result.components
