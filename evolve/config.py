@@ -114,6 +114,17 @@ class Tuning(Strict):
     # per second, and on a plateau toward the one that paid more over the run (between 0.2 and
     # 0.8; `background` is where it starts, also on a resume; evolve/search/allocation.py).
     adaptive: bool = False
+    # Where tuning's adaptive share stays: the floor of each operator. A slow model (the 1.5B:
+    # a call a minute on two cores) gets few answers at 0.8, and its rare good ones are missed.
+    bounds: tuple[float, float] = (0.2, 0.8)
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds_ordered(cls, bounds):
+        low, high = bounds
+        if not 0 <= low <= high < 1:
+            raise ValueError(f"expected [low, high] with 0 <= low <= high < 1; got {list(bounds)}")
+        return bounds
 
     @field_validator("sigma")
     @classmethod

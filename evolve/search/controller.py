@@ -89,7 +89,7 @@ class Controller:
         self.llm_turn = asyncio.Event()  # clear while tuning has the cores (tuning.background)
         self.llm_turn.set()
         t = problem.search.tuning
-        self.allocation = Allocation(t.background, t.adaptive)
+        self.allocation = Allocation(t.background, t.adaptive, *t.bounds)
         # With turns, the LLM children worth tuning wait for the next tuning turn, which takes
         # them first: a tuning (300 trials) run beside the server in the LLM's turn would take
         # the cores from it. Kept in memory: a resume tunes the archive's programs instead.

@@ -52,21 +52,31 @@ def test_adaptive_turns_need_a_starting_share():
         Tuning(enabled=True, adaptive=True)
 
 
+def test_the_bounds_are_each_operators_floor():
+    from pydantic import ValidationError
+
+    from evolve.config import Tuning
+    alloc = Allocation(0.5, True, 0.2, 0.5)
+    assert cycles(alloc, 5, 0.0, 0.05)[-1] == 0.5  # a slow LLM keeps half the time
+    with pytest.raises(ValidationError, match="0 <= low <= high < 1"):
+        Tuning(background=0.5, adaptive=True, bounds=[0.8, 0.2])
+
+
 def test_adaptive_turns_in_a_run_report_each_cycle(tmp_path):
     """The real engine with a scripted LLM: each cycle's gains and next share are in the events,
-    within the bounds, and the run ends at its budget."""
+    within the run's bounds, and the run ends at its budget."""
     from scripted_run import make_run
 
     run = make_run(tmp_path / "run", evaluations=40,
                    tuning={"enabled": True, "trials": 6, "share": 0.0, "new_best": False, "background": 0.5,
-                           "turn_s": 1.0, "adaptive": True})
+                           "turn_s": 1.0, "adaptive": True, "bounds": [0.3, 0.6]})
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     turns = [e for e in events if e["kind"] == "turns"]
     assert turns, "no cycle was recorded"
     assert turns[0]["fields"]["llm_s"] == 0  # the seed's tuning, before any turn: tuning's record
     for e in turns:
         f = e["fields"]
-        assert 0.2 <= f["share"] <= 0.8 and f["tuning_gain"] >= 0 and f["tuning_s"] >= 0
+        assert 0.3 <= f["share"] <= 0.6 and f["tuning_gain"] >= 0 and f["tuning_s"] >= 0
 
 
 def test_a_resume_goes_on_from_the_runs_record_of_turns(tmp_path):
