@@ -58,12 +58,13 @@ ARMS = {
 BAR_ARMS = ["evolve", "llm_only", "tuning_only", "sampling"]  # what evolution must beat (the default)
 
 
-def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, policy: str | None) -> Path:
+def run_arm(problem: Path, arm: str, seed: int, minutes: float, out: Path, policy: str | None,
+            extra: list[str]) -> Path:
     run_dir = out / f"{arm}-s{seed}"
     meta = run_dir / "bench.json"
     if meta.exists() and json.loads(meta.read_text()).get("done"):
         return run_dir
-    sets = [x for s in ARMS[arm] for x in ("--set", s)]
+    sets = [x for s in ARMS[arm] + extra for x in ("--set", s)]
     cmd = [sys.executable, "-m", "evolve.cli", "run", str(problem), "--seed", str(seed),
            "--wall-time", str(minutes * 60), "--max-evaluations", "1000000", "--run-dir", str(run_dir),
            "--no-dashboard", *sets, *(["--policy", policy] if policy else [])]
@@ -246,6 +247,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--policy", help="a policy YAML (default: the run's default, policies/frozen.yaml)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a problem override for every arm, after the arm's own (see `evolve run --set`)")
     ap.add_argument("--out", type=Path, help="default: runs/bench-PROBLEM")
     ap.add_argument("--report", type=Path, help="only write the tables of an existing OUT")
     ap.add_argument("--peak", action="store_true", help="also measure the server's peak tokens/s")
@@ -255,7 +258,7 @@ def main() -> None:
     if not args.report:
         for seed in args.seeds:
             for arm in args.arms:
-                run_arm(args.problem, arm, seed, args.minutes, out, args.policy)
+                run_arm(args.problem, arm, seed, args.minutes, out, args.policy, args.set)
     results = {}
     for meta in sorted(out.glob("*-s*/bench.json")):
         arm, seed = meta.parent.name.rsplit("-s", 1)
