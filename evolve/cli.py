@@ -43,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="start a run (or continue one whose run directory exists)")
     run.add_argument("problem", type=Path, help="problem YAML, e.g. problems/circle_packing.yaml")
-    run.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help="policy YAML (default: %(default)s)")
+    run.add_argument("--policy", type=Path, help="policy YAML (default: the problem's `policy`, else "
+                     f"{DEFAULT_POLICY.relative_to(DEFAULT_POLICY.parents[1])})")
     run.add_argument("--run-dir", type=Path, help="default: runs/<problem>-<time>")
     run.add_argument("--db-url", help="any SQLAlchemy URL (default: SQLite in the run directory)")
     run.add_argument("--seed", type=int, help="overrides the problem's seed")
@@ -144,10 +145,11 @@ def cmd_run(args) -> int:
         print(f"{args.run_dir} exists: resuming it")
         return cmd_resume(args)
     problem = load_problem(args.problem, args.set)
-    check_policy(args.policy)  # fail before creating anything
+    policy = args.policy or (problem.resolve(problem.policy) if problem.policy else DEFAULT_POLICY)
+    check_policy(policy)  # fail before creating anything
     check_seed(problem)
     run_dir = args.run_dir or Path("runs") / f"{problem.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    RunDir.create(run_dir, args.problem, args.set or [], args.policy,
+    RunDir.create(run_dir, args.problem, args.set or [], policy,
                   problem.seed if args.seed is None else args.seed, args.db_url)
     return _launch(run_dir, args)
 

@@ -203,6 +203,9 @@ class Problem(Strict):
     search: Search = Field(default_factory=Search)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
+    # The policy `evolve run` serves without --policy, relative to the YAML: the mutator that was
+    # measured to pay on this problem (default: policies/frozen.yaml).
+    policy: Path | None = None
     source_path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
@@ -478,7 +481,7 @@ def load_problem(path: str | Path, overrides: list[str] | None = None) -> Proble
     if "template" in data:
         data = _expand(Path(path), data)
     problem = validate(path, data, Problem)
-    for field in ("program", "scorer", "driver"):
+    for field in ("program", "scorer", "driver", "policy"):
         if getattr(problem, field) is None:
             continue
         target = problem.resolve(getattr(problem, field))

@@ -51,6 +51,7 @@ def test_malformed_yaml(tmp_path):
     ({"budget": {"max_evaluations": -3}}, ["field 'budget.max_evaluations'", "greater than or equal to 1"]),
     ({"headline": "n99"}, ["headline 'n99' is not a component name"]),
     ({"program": "/nonexistent/seed.py"}, ["field 'program'", "does not exist"]),
+    ({"policy": "/nonexistent/policy.yaml"}, ["field 'policy'", "does not exist"]),
     ({"program_code": "def construct_points(n, d):\n    return [[0.0] * d] * n\n", "program": None},
      ["field 'program'", "seed program is not valid (invalid)", "coincide"]),
 ])
@@ -65,6 +66,14 @@ def test_policy_naming_a_model_that_is_not_there(tmp_path):
     policy.write_text("name: p\nmodel: no-such-model\n")
     one_error_line(evolve("run", problem_file(tmp_path), "--policy", policy, "--run-dir", tmp_path / "run"),
                    "policy.yaml: field 'model'", "no-such-model", "shipped model")
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_policy_a_run_serves_the_problems_own(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("name: p\nmodel: no-such-model\n")
+    problem = problem_file(tmp_path, policy=str(policy))
+    one_error_line(evolve("run", problem, "--run-dir", tmp_path / "run"), "policy.yaml: field 'model'", "no-such-model")
     assert not (tmp_path / "run").exists()
 
 
