@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=BAR_ARMS, choices=list(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--minutes", type=float, default=30)
-    ap.add_argument("--policy", help="a policy YAML (default: the run's default, policies/frozen.yaml)")
+    ap.add_argument("--policy", help="a policy YAML (default: the problem's `policy`, else policies/frozen.yaml)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a problem override for every arm, after the arm's own (see `evolve run --set`)")
     ap.add_argument("--out", type=Path, help="default: runs/bench-PROBLEM")
