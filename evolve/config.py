@@ -111,11 +111,11 @@ class Tuning(Strict):
     background: float = Field(default=0.0, ge=0, lt=1)
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
     # Move the share after each cycle toward the operator that raised the best objective faster
-    # per second, and on a plateau toward the one that paid more over the run (between 0.2 and
-    # 0.8; `background` is where it starts, also on a resume; evolve/search/allocation.py).
+    # per second, and on a plateau toward the one that paid more over the run (within `bounds`;
+    # `background` is where it starts, also on a resume; evolve/search/allocation.py).
     adaptive: bool = False
-    # Where tuning's adaptive share stays: the floor of each operator. A slow model (the 1.5B:
-    # a call a minute on two cores) gets few answers at 0.8, and its rare good ones are missed.
+    # Where tuning's adaptive share stays: the floor of each operator. Measured once with the
+    # 1.5B model at [0.2, 0.5] (seed 1): twice the LLM answers, and worse (README, Benchmarks).
     bounds: tuple[float, float] = (0.2, 0.8)
 
     @field_validator("bounds")
