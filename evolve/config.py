@@ -385,6 +385,10 @@ class Policy(Strict):
     # Show the judge's notes on the current program (why components failed or fell short, e.g.
     # a test call that raised) after it: what an answer should fix. Not in `complete`.
     judge_notes: bool = True
+    # Show the float literals of every program in the prompt rounded to this many significant
+    # digits (null: as stored). Where a tuner owns the numbers, `0.826417` only draws the model's
+    # edits to them; a child gets the exact values back wherever it kept a literal.
+    literal_digits: int | None = Field(default=None, ge=1, le=17)
     train: Train | None = None
     # An ensemble: other frozen policies that answer a share of the calls each, drawn per call
     # from its seed; this policy's own model answers the rest. Each call records its model.

@@ -10,7 +10,8 @@ import numpy as np
 
 from evolve.config import Policy, Problem
 from evolve.mutation.code import MutationError, normalise, split_answers
-from evolve.mutation.prompt import Shown, answer_format, build_messages, make_child
+from evolve.mutation.literals import restored, rounded
+from evolve.mutation.prompt import ProgramText, Shown, answer_format, build_messages, make_child
 
 
 def request_seed(*key: int) -> int:
@@ -24,6 +25,8 @@ def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
            call_index: int, directive: str | None = None) -> tuple[list[dict], str]:
     """The chat messages of one call, and the answer format it asks for."""
     fmt = answer_format(policy, call_index)
+    digits = policy.literal_digits
+    parent, inspirations = shown(parent, digits), [shown(i, digits) for i in inspirations]
     return build_messages(problem, parent, inspirations, policy.answers, policy.sampling.max_prompt_tokens,
                           fmt, directive, view=policy.program_view, notes=policy.judge_notes), fmt
 
@@ -44,9 +47,20 @@ class Answer:
     error: str | None = None  # why it does not apply
 
 
-def apply(parent_code: str, text: str, fmt: str, entry: str) -> Answer:
+def shown(program: Shown, digits: int | None) -> Shown:
+    """A program as the model sees it: its float literals rounded (Policy.literal_digits)."""
+    if digits is None:
+        return program
+    return ProgramText(rounded(program.code, digits), program.status, program.objective, program.headline,
+                       program.fitness, program.error)
+
+
+def apply(parent_code: str, text: str, fmt: str, entry: str, digits: int | None = None) -> Answer:
+    """The child an answer makes. `digits`: the parent was shown rounded, so the answer applies
+    to what was shown, and the child gets the parent's exact numbers back where it kept them."""
+    seen = parent_code if digits is None else rounded(parent_code, digits)
     try:
-        return Answer(text, make_child(parent_code, text, fmt, entry))
+        return Answer(text, restored(parent_code, seen, make_child(seen, text, fmt, entry)))
     except MutationError as exc:
         return Answer(text, None, str(exc))
 

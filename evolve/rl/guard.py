@@ -66,7 +66,7 @@ class Guard:
                                                   self.settings.answers)
                 records += await score_answers(evaluator, self.problem, parent, answers,
                                                self.problem.budget.eval_concurrency,
-                                               answer_format(self.policy, SALT + i))
+                                               answer_format(self.policy, SALT + i), self.policy.literal_digits)
         finally:
             client.model = previous
         n = max(len(records), 1)

@@ -164,10 +164,11 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
 
 
 async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
-                        concurrency: int, fmt: str) -> list[dict]:
-    """Apply (answers in format `fmt`) and evaluate every answer; each distinct child runs once."""
+                        concurrency: int, fmt: str, digits: int | None = None) -> list[dict]:
+    """Apply (answers in format `fmt`, to the parent shown with `digits`) and evaluate every
+    answer; each distinct child runs once."""
     components = [c.name for c in problem.components]
-    children = [pipeline.apply(parent["code"], a, fmt, problem.entry_point).child if a is not None else None
+    children = [pipeline.apply(parent["code"], a, fmt, problem.entry_point, digits).child if a is not None else None
                 for a in answers]
     slots = asyncio.Semaphore(concurrency)
     results: dict[str, object] = {}
@@ -252,7 +253,7 @@ async def _measure(out, record, problem, policy, parents, todo, base_url, model,
             parent = parents[i]
             answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
             scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency,
-                                         answer_format(policy, i))
+                                         answer_format(policy, i), policy.literal_digits)
             record["parents"][parent["key"]] = {"parent_objective": parent["objective"], "tokens": tokens,
                                                 "answers": scored}
             out.write_text(json.dumps(record, indent=1) + "\n")

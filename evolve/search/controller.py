@@ -21,10 +21,11 @@ from evolve.events import Event, Sink, print_sink
 from evolve.faults import Fault, Outage, SandboxFault, fault_of
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation import pipeline
+from evolve.mutation.literals import adds_knob, changes_structure
 from evolve.mutation.prompt import KNOB, dump_messages
 from evolve.rundir import FINISHED, Stop
 from evolve.search.allocation import Allocation
-from evolve.search.tuning import Trial, adds_knob, changes_structure, tune
+from evolve.search.tuning import Trial, tune
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import (
@@ -295,7 +296,8 @@ class Controller:
                                 generation=ask.parent.generation + 1, completion_id=completion.id,
                                 answer_index=j, status="pending")
                 self.stats.answers += 1
-                answer = pipeline.apply(ask.parent.code, text_j, fmt, self.problem.entry_point)
+                answer = pipeline.apply(ask.parent.code, text_j, fmt, self.problem.entry_point,
+                                        self.policy.literal_digits)
                 if answer.child is not None:
                     child.code = answer.child
                     self.stats.applied += 1

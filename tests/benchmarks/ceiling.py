@@ -34,9 +34,10 @@ from sqlalchemy.orm import Session
 
 from evolve.config import load_problem
 from evolve.judge.evaluator import Evaluator
+from evolve.mutation.literals import changes_structure, shape
 from evolve.mutation.pipeline import request_seed
 from evolve.rundir import RunDir
-from evolve.search.tuning import Trial, changes_structure, shape, tune
+from evolve.search.tuning import Trial, tune
 from evolve.store.database import connect
 from evolve.store.schema import Program
 

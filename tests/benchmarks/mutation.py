@@ -29,10 +29,11 @@ from sqlalchemy.orm import Session
 from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.code import UNCHANGED, MutationError, split_answers
+from evolve.mutation.literals import adds_knob, changes_structure
 from evolve.mutation.pipeline import request_seed
 from evolve.mutation.prompt import KNOB, _answer_instructions, build_messages, make_child
 from evolve.rundir import RunDir
-from evolve.search.tuning import Trial, adds_knob, changes_structure, tune
+from evolve.search.tuning import Trial, tune
 from evolve.serving.client import PolicyClient
 from evolve.serving.server import start_policy_server
 from evolve.store.database import connect

@@ -40,8 +40,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from evolve.config import load_problem
+from evolve.mutation.literals import changes_structure
 from evolve.rundir import RunDir
-from evolve.search.tuning import changes_structure
 from evolve.store.database import connect
 from evolve.store.schema import Evaluation, LLMCall, Program, Tuning
 from evolve.store.schema import Session as RunSession

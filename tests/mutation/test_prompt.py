@@ -84,8 +84,8 @@ def test_block_view_of_a_program_without_markers_shows_it_whole():
 def test_a_knob_request_asks_for_it_and_its_example_adds_one():
     """The knob example must apply and add a new literal at a neutral value, used in the formula."""
     from evolve.mutation.code import split_answers
+    from evolve.mutation.literals import changes_structure, float_literals
     from evolve.mutation.prompt import KNOB
-    from evolve.search.tuning import changes_structure, float_literals
     for fmt in ("diff", "rewrite"):
         msgs = build_messages(PROBLEM, prog(0.8), [], 1, 6000, fmt, KNOB)
         assert KNOB in msgs[1]["content"] and KNOB in msgs[-1]["content"]

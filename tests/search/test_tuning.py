@@ -5,13 +5,8 @@ import numpy as np
 import pytest
 
 from evolve.mutation.code import check_syntax, evolve_block
-from evolve.search.tuning import (
-    Trial,
-    changes_structure,
-    float_literals,
-    substitute,
-    tune,
-)
+from evolve.mutation.literals import changes_structure, float_literals, substitute
+from evolve.search.tuning import Trial, tune
 
 PROGRAM = '''import numpy as np
 SCALE = 2.5  # outside the block: never tuned
