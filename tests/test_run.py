@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
 from evolve.config import Server
+from evolve.mutation.literals import float_literals
 from evolve.rundir import RunDir
 from evolve.serving.models import ensure_model
 from evolve.serving.server import VLLMServer
@@ -151,7 +152,9 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, grid_problem, 
 
 def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(server, policy, tmp_path):
     """The embedded model and in-the-loop tuning together: LLM children and tuned children are
-    stored with their operator and lineage, and `evolve status` reports what the database holds."""
+    stored with their operator and lineage, and `evolve status` reports what the database holds.
+    The model is shown the tuned numbers rounded (literal_digits)."""
+    policy.write_text(policy.read_text() + "literal_digits: 2\n")
     run_dir = tmp_path / "run"
     run = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2,
                  "--set", "search.tuning.trials=8", "--set", "search.tuning.share=1.0")
@@ -160,6 +163,15 @@ def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(se
         llm = s.scalars(select(Program).where(Program.origin == "mutation")).all()
         tuned = s.scalars(select(Program).where(Program.origin == "tuned")).all()
         assert len(llm) == 8 and tuned  # the seed is tuned at the start, whatever the LLM wrote
+        hidden = 0  # no prompt shows a literal of an earlier program (the tuned seed's too) in full
+        for call in s.scalars(select(LLMCall)):
+            for shown in s.scalars(select(Program).where(Program.created_at < call.started_at)):
+                for lit in float_literals(shown.code):
+                    text = shown.code[lit.start:lit.end]
+                    if text != repr(float(f"{lit.value:.2g}")):
+                        assert text not in call.prompt, text
+                        hidden += 1
+        assert hidden
         for child in tuned:
             parent = s.get(Program, child.parent_id)
             assert parent.status == "ok" and child.generation == parent.generation + 1
