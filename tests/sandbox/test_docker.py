@@ -141,6 +141,25 @@ async def test_nan_and_inf_pass_through_for_the_scorer_to_reject(sandbox):
     assert value[0] != value[0] and value[1] == float("inf") and value[2] == -float("inf")
 
 
+UNSEEDED = """
+    import random
+    import numpy as np
+    drawn_at_import = random.random()
+    def f(n):
+        return [drawn_at_import, random.random(), np.random.rand(n), np.random.default_rng(0).random()]
+"""
+
+
+async def test_unseeded_draws_are_the_same_in_every_run_and_case(sandbox):
+    """A candidate's unseeded draws cannot earn it a lucky score: each case starts from the
+    same random state, so the same code returns the same outputs every time."""
+    cases = [{"name": "a", "args": {"n": 2}}, {"name": "b", "args": {"n": 2}}]
+    first, again = await run(sandbox, UNSEEDED, cases), await run(sandbox, UNSEEDED, cases)
+    assert first.status == "ok", first
+    assert first.outputs == again.outputs
+    assert first.outputs["a"] == first.outputs["b"]
+
+
 async def test_concurrent_runs_do_not_mix(sandbox):
     code = "def f(n): return n"
     results = await asyncio.gather(*(run(sandbox, code, [{"name": "a", "args": {"n": i}}])

@@ -93,6 +93,20 @@ async def test_normal_candidate_returns_plain_data():
     assert "working on 3" in result.log_tail
 
 
+async def test_unseeded_draws_are_the_same_in_every_run_and_case():
+    code = """
+        import random
+        drawn_at_import = random.random()
+        def f(n):
+            return [drawn_at_import, random.random(), random.random()]
+    """
+    cases = [{"name": "a", "args": {"n": 1}}, {"name": "b", "args": {"n": 1}}]
+    first, again = await run(code, cases=cases), await run(code, cases=cases)
+    assert first.outputs == again.outputs
+    assert first.outputs["a"] == first.outputs["b"]
+    assert first.outputs["a"][1] != first.outputs["a"][2]  # seeded once per case, not per draw
+
+
 async def test_nan_and_inf_pass_through_for_the_scorer_to_reject():
     result = await run("def f(n): return [float('nan'), float('inf')]")
     value = result.outputs["a"]
