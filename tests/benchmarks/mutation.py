@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.code import UNCHANGED, MutationError, split_answers
-from evolve.mutation.literals import adds_knob, changes_structure
+from evolve.mutation.literals import adds_knob, changes_structure, rounded
 from evolve.mutation.pipeline import request_seed
 from evolve.mutation.prompt import KNOB, _answer_instructions, build_messages, make_child
 from evolve.rundir import RunDir
@@ -68,6 +68,9 @@ VARIANTS = {
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
     "complete": ({"answer_format": "complete"}, {}),
     "complete_t1.0": ({"answer_format": "complete", "temperature": 1.0}, {}),
+    # the parent shown (and changed) with its float literals rounded to 2 significant digits:
+    # does a tuned parent's noise (`0.826417`, `1.91435 * margin`) keep the model on numbers?
+    "complete_rounded": ({"answer_format": "complete"}, {"round": 2}),
     # ShinkaEvolve's repair: an answer that does not apply is asked for once more, with the reason
     "rewrite_reask": ({"answer_format": "rewrite"}, {"reask": True}),
     # an answer that stopped after its sentence of intent is continued with the code fence opened
@@ -112,6 +115,8 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     best = None
     for k in range(calls):
         parent = parents[k % len(parents)]
+        if prompt.get("round"):  # judged against the parent itself, shown and changed rounded
+            parent = SimpleNamespace(**{**vars(parent), "code": rounded(parent.code, prompt["round"])})
         directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else prompt.get("directive")
         messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt,
                                   directive, view=prompt.get("view", "whole"),
@@ -180,7 +185,12 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     return counts
 
 
-def parents_of(problem, evaluator, run_dir: Path | None) -> list:
+def parents_of(problem, evaluator, run_dir: Path | None, program_id: int | None = None) -> list:
+    if program_id is not None:  # that program of the run alone
+        with Session(connect(RunDir(run_dir).spec()["db_url"])) as s:
+            p = s.get(Program, program_id)
+            return [SimpleNamespace(code=p.code, status="ok", objective=p.objective, headline=p.headline,
+                                    fitness=p.fitness, raw=p.raw)]
     code = problem.seed_code()
     seed = asyncio.run(evaluator.evaluate(code))
     out = [SimpleNamespace(code=code, status="ok", objective=seed.objective, headline=seed.headline,
@@ -202,6 +212,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--parents", type=Path, help="a run directory whose best program is a parent too")
+    ap.add_argument("--parent-id", type=int, help="with --parents: that program of the run is the only parent")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tune", type=int, default=0, metavar="TRIALS",
                     help="tune every valid child and its parent with TRIALS trials, and count the "
@@ -211,6 +222,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/mutation-probe"))
     args = ap.parse_args()
     problem, policy = load_problem(args.problem), load_policy(args.policy)
+    if args.parent_id is not None and args.parents is None:
+        ap.error("--parent-id needs --parents RUN_DIR")
     if policy.ensemble:  # one model per probe: the mix is measured by search.py --policy
         ap.error(f"{args.policy}: an ensemble; probe each member's policy, or run search.py --policy")
     if args.hint:
@@ -220,7 +233,7 @@ def main() -> None:
     with ExitStack() as stack:
         evaluator = Evaluator(problem)
         stack.callback(evaluator.sandbox.close)
-        parents = parents_of(problem, evaluator, args.parents)
+        parents = parents_of(problem, evaluator, args.parents, args.parent_id)
         base_url, model, _ = start_policy_server(policy, args.out, args.seed, stack)
         client = PolicyClient(policy, base_url, model)
 
