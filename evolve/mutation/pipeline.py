@@ -26,9 +26,9 @@ def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
     """The chat messages of one call, and the answer format it asks for."""
     fmt = answer_format(policy, call_index)
     digits = policy.literal_digits
-    parent, inspirations = shown(parent, digits), [shown(i, digits) for i in inspirations]
-    return build_messages(problem, parent, inspirations, policy.answers, policy.sampling.max_prompt_tokens,
-                          fmt, directive, view=policy.program_view, notes=policy.judge_notes), fmt
+    return build_messages(problem, shown(parent, digits), [shown(i, digits) for i in inspirations],
+                          policy.answers, policy.sampling.max_prompt_tokens, fmt, directive,
+                          view=policy.program_view, notes=policy.judge_notes), fmt
 
 
 def asks_knob(problem: Problem, seed: int, call_index: int) -> bool:
@@ -47,7 +47,7 @@ class Answer:
     error: str | None = None  # why it does not apply
 
 
-def shown(program: Shown, digits: int | None) -> Shown:
+def shown(program: Shown, digits: int | None) -> Shown | ProgramText:
     """A program as the model sees it: its float literals rounded (Policy.literal_digits)."""
     if digits is None:
         return program
