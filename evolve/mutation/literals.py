@@ -153,7 +153,8 @@ def _literal_tokens(program: str) -> tuple[list[str], list[int | None]] | None:
         return None
     texts, which, count = [], [], 0
     for tok in tokens:
+        literal = _is_literal(tok)
         texts.append(tok.string)
-        which.append(count if _is_literal(tok) else None)
-        count += _is_literal(tok)
+        which.append(count if literal else None)
+        count += literal
     return texts, which

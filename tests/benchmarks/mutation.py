@@ -28,10 +28,11 @@ from sqlalchemy.orm import Session
 
 from evolve.config import load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
-from evolve.mutation.code import UNCHANGED, MutationError, split_answers
-from evolve.mutation.literals import adds_knob, changes_structure, rounded
+from evolve.mutation import pipeline
+from evolve.mutation.code import UNCHANGED, split_answers
+from evolve.mutation.literals import adds_knob, changes_structure
 from evolve.mutation.pipeline import request_seed
-from evolve.mutation.prompt import KNOB, _answer_instructions, build_messages, make_child
+from evolve.mutation.prompt import KNOB, _answer_instructions, build_messages
 from evolve.rundir import RunDir
 from evolve.search.tuning import Trial, tune
 from evolve.serving.client import PolicyClient
@@ -68,8 +69,9 @@ VARIANTS = {
     "rewrite_block_directed": ({"answer_format": "rewrite"}, {"view": "block", "directives": True}),
     "complete": ({"answer_format": "complete"}, {}),
     "complete_t1.0": ({"answer_format": "complete", "temperature": 1.0}, {}),
-    # the parent shown (and changed) with its float literals rounded to 2 significant digits:
-    # does a tuned parent's noise (`0.826417`, `1.91435 * margin`) keep the model on numbers?
+    # the parent shown with its float literals rounded to 2 significant digits, the child given
+    # the exact values back where it kept them (Policy.literal_digits): does a tuned parent's
+    # noise (`0.826417`, `1.91435 * margin`) keep the model on numbers?
     "complete_rounded": ({"answer_format": "complete"}, {"round": 2}),
     # ShinkaEvolve's repair: an answer that does not apply is asked for once more, with the reason
     "rewrite_reask": ({"answer_format": "rewrite"}, {"reask": True}),
@@ -115,10 +117,9 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
     best = None
     for k in range(calls):
         parent = parents[k % len(parents)]
-        if prompt.get("round"):  # judged against the parent itself, shown and changed rounded
-            parent = SimpleNamespace(**{**vars(parent), "code": rounded(parent.code, prompt["round"])})
+        digits = prompt.get("round")  # as the search does it (pipeline.shown and apply)
         directive = DIRECTIVES[k % len(DIRECTIVES)] if prompt.get("directives") else prompt.get("directive")
-        messages = build_messages(problem, parent, [], policy.answers, sampling.max_prompt_tokens, fmt,
+        messages = build_messages(problem, pipeline.shown(parent, digits), [], policy.answers, sampling.max_prompt_tokens, fmt,
                                   directive, view=prompt.get("view", "whole"),
                                   plain_example=prompt.get("plain_example", False))
         started = time.time()
@@ -131,14 +132,15 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
         for text in sample.texts:
             for answer in split_answers(text, policy.answers):
                 counts["answers"] += 1
-                try:
-                    children.append(make_child(parent.code, answer, fmt, problem.entry_point))
+                made = pipeline.apply(parent.code, answer, fmt, problem.entry_point, digits)
+                if made.child is not None:
+                    children.append(made.child)
                     counts["applied"] += 1
-                except MutationError as exc:
-                    no_code = "code block" in str(exc) and "```" not in answer
-                    if prompt.get("reask") and not str(exc).startswith(UNCHANGED) \
-                            and (no_code or not prompt.get("continue")):
-                        failed.append((answer, str(exc)))
+                    continue
+                no_code = "code block" in made.error and "```" not in answer
+                if prompt.get("reask") and not made.error.startswith(UNCHANGED) \
+                        and (no_code or not prompt.get("continue")):
+                    failed.append((answer, made.error))
         if failed:  # each repaired once; a child of the repair takes the failed answer's place
             started = time.time()
             seeds = [request_seed(seed, 10_000 + 100 * k + i) for i in range(len(failed))]
@@ -154,12 +156,11 @@ async def probe(problem, policy, client, evaluator, parents, variant: str, calls
                 counts["tokens"] += tokens
                 with open(log, "a") as f:
                     f.write(json.dumps({"variant": variant, "repair": True, "text": text}) + "\n")
-                try:
-                    children.append(make_child(parent.code, text, fmt, problem.entry_point))
+                made = pipeline.apply(parent.code, text, fmt, problem.entry_point, digits)
+                if made.child is not None:
+                    children.append(made.child)
                     counts["applied"] += 1
                     counts["reask_applied"] += 1
-                except MutationError:
-                    pass
         results = await asyncio.gather(*(evaluator.evaluate(code) for code in children))
         for code, r in zip(children, results):
             if r.status != "ok":
@@ -190,18 +191,18 @@ def parents_of(problem, evaluator, run_dir: Path | None, program_id: int | None 
         with Session(connect(RunDir(run_dir).spec()["db_url"])) as s:
             p = s.get(Program, program_id)
             return [SimpleNamespace(code=p.code, status="ok", objective=p.objective, headline=p.headline,
-                                    fitness=p.fitness, raw=p.raw)]
+                                    fitness=p.fitness, raw=p.raw, error=None)]
     code = problem.seed_code()
     seed = asyncio.run(evaluator.evaluate(code))
     out = [SimpleNamespace(code=code, status="ok", objective=seed.objective, headline=seed.headline,
-                           fitness=seed.components, raw=seed.raw)]
+                           fitness=seed.components, raw=seed.raw, error=None)]
     if run_dir is not None:
         spec = RunDir(run_dir).spec()
         with Session(connect(spec["db_url"])) as s:
             p = s.scalars(select(Program).where(Program.status == "ok")
                           .order_by(Program.objective.desc())).first()
             out.append(SimpleNamespace(code=p.code, status="ok", objective=p.objective, headline=p.headline,
-                                       fitness=p.fitness, raw=p.raw))
+                                       fitness=p.fitness, raw=p.raw, error=None))
     return out
 
 
