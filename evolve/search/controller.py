@@ -187,11 +187,11 @@ class Controller:
         self.emit("seed", f"seed: {self._scores(result)}", program=first.id, headline=result.headline,
                   objective=result.objective)
         if self.problem.search.tuning.enabled and self.problem.search.llm:
-            if self.turns:  # before the first turn, and on tuning's record: what it made alone
-                started = time.time()
-                objective = (await self._tune(first))[1]
-                self._record_turns(0.0, 0.0, max(0.0, (objective or 0.0) - first.objective),
-                                   time.time() - started)
+            if self.turns:
+                # Before the first turn, and on no operator's record: the seed's easy first
+                # climb is start-up, which the LLM had no turn to match. On tuning's record it
+                # held tuning at its ceiling for the whole run (README, Benchmarks).
+                await self._tune(first)
             else:
                 self._spawn(self._tune(first))  # the seed is the first best of its island
 

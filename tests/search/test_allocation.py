@@ -73,7 +73,8 @@ def test_adaptive_turns_in_a_run_report_each_cycle(tmp_path):
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     turns = [e for e in events if e["kind"] == "turns"]
     assert turns, "no cycle was recorded"
-    assert turns[0]["fields"]["llm_s"] == 0  # the seed's tuning, before any turn: tuning's record
+    # The seed's tuning, before the first turn, is start-up: every recorded cycle had an LLM turn.
+    assert all(e["fields"]["llm_s"] > 0 for e in turns)
     for e in turns:
         f = e["fields"]
         assert 0.3 <= f["share"] <= 0.6 and f["tuning_gain"] >= 0 and f["tuning_s"] >= 0
