@@ -22,6 +22,7 @@ at the comparison's budget is done; every other arm is resumed, so re-running th
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -249,6 +250,27 @@ def run_arms(plan: Plan, arms: list[Arm], parallel: int = 1, view=None,
 
 def _schedule(plan: Plan, arms: list[Arm], todo: list[Arm], parallel: int, port_base: int, view, say) -> str:
     queue, running, failed = list(todo), {}, []
+    previous = signal.signal(signal.SIGTERM, _forward_term(running))
+    try:
+        return _loop(plan, arms, queue, running, failed, parallel, port_base, view, say)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _forward_term(running: dict):
+    """SIGTERM (kill, a scheduler) reaches only us, not the arms' process group as Ctrl-C
+    does: pass it on to each running arm, which stops cleanly on it, then stop like Ctrl-C.
+    Without this the arms ran on, orphaned, after the comparison had died."""
+    def handler(signum, frame):
+        for proc, _ in list(running.values()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        raise KeyboardInterrupt
+    return handler
+
+
+def _loop(plan: Plan, arms: list[Arm], queue: list, running: dict, failed: list, parallel: int,
+          port_base: int, view, say) -> str:
     quiet = view is not None or parallel > 1  # arms write to their run directories, not here
     slots, last = list(range(parallel)), None
     try:
@@ -394,6 +416,14 @@ def _other_run(run_dir: str, problem) -> tuple[str, str]:
 # ---- the command ----------------------------------------------------------------------------------
 def compare(args, view=None) -> int:
     """`evolve compare`: run (or resume) every arm, measure held-out, write the report."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # cleans up (servers, arms) as Ctrl-C does
+    try:
+        return _compare(args, view)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _compare(args, view) -> int:
     from evolve.compare.report import write_report
 
     if args.resume:
@@ -437,6 +467,10 @@ def _heldout_phase(plan: Plan, arms: list[Arm], say) -> str:
         say(f"held-out measurement failed: {exc}")
         return "failed: held-out measurement"
     return "done"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _say(message: str) -> None:

@@ -55,6 +55,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def running_in_group(pgid: int) -> list[str]:
+    """Processes still alive in the comparison's session (its arms), zombies aside."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split()[1:2] != ["Z"]]
+
+
 # ---- fixtures ------------------------------------------------------------------------------------------
 @pytest.fixture
 def scripted(tmp_path, monkeypatch):
@@ -267,8 +273,10 @@ sys.exit(main(sys.argv[1:]))
     return script
 
 
-def test_ctrl_c_stops_the_comparison_and_it_resumes_where_it_stopped(scripted, tmp_path):
-    """Ctrl-C reaches the process group (compare and its arm): the arm stops cleanly, compare exits 130."""
+@pytest.mark.parametrize("stop", ["ctrl-c", "term"])
+def test_a_stop_signal_stops_the_comparison_and_its_arm_and_it_resumes(scripted, tmp_path, stop):
+    """Ctrl-C reaches the process group (compare and its arm); SIGTERM (kill, a scheduler) reaches
+    compare alone, which passes it on. Either way the arm stops cleanly and compare exits 130."""
     runner = compare_cli(tmp_path)
     args = compare_args(scripted, "--seeds", 1, "--budget", 8, "--skip-heldout")
     env = {**os.environ, "SCRIPTED_DELAY": "3.0"}  # the window for Ctrl-C, wide enough on a loaded machine
@@ -280,9 +288,13 @@ def test_ctrl_c_stops_the_comparison_and_it_resumes_where_it_stopped(scripted, t
         if calls_made(alpha / "evolve.db"):
             break
         time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    if stop == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
+    assert not running_in_group(proc.pid), "an arm outlived the comparison"
     assert "Continue with `evolve compare --resume" in out
     assert sessions(alpha) == ["interrupted"]
     assert not (scripted.out / "arms" / "beta-s0" / "run.json").exists()  # never started
