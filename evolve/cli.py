@@ -300,8 +300,9 @@ def _compare_parser(sub) -> None:
     c.add_argument("--heldout-samples", type=int, default=30, help="answers n per parent (default: %(default)s)")
     c.add_argument("--k-max", type=int, default=30, help="best@k, pass@k for k = 1..K (default: %(default)s)")
     c.add_argument("--skip-heldout", action="store_true", help="no held-out measurement")
-    c.add_argument("--heldout-versions", action="store_true", help="measure every policy version a training "
-                   "arm published on the held-out parents, not only its last (quality per version)")
+    c.add_argument("--heldout-versions", type=int, nargs="?", const=0, metavar="N",
+                   help="measure the policy versions a training arm published on the held-out parents, not "
+                   "only its last (quality per version): every one, or with N those up to vN and the last")
     c.add_argument("--tuning", action="store_true", help="keep the problem's in-the-loop tuning on in every "
                    "arm (off by default: the comparison is about the mutator)")
     c.add_argument("--report-only", action="store_true", help="only rewrite the report from what is there")

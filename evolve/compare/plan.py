@@ -72,7 +72,7 @@ class Plan:
     seeds: list[int]
     budget: int  # evaluated candidates per arm
     max_llm_calls: int | None  # a guard per arm against a mutator that never yields a valid child
-    heldout: dict  # {"parents", "samples", "k_max", "skip", "all_versions", "from"}
+    heldout: dict  # {"parents", "samples", "k_max", "skip", "all_versions", "up_to", "from"}
     sets: list[str] = field(default_factory=list)  # --set overrides of the problem, for every arm
 
     def arms(self) -> list[Arm]:
@@ -114,8 +114,13 @@ def new_plan(args) -> Plan:
                           for p, path in zip(policies, args.policies)],
                 seeds=list(range(args.seeds)), budget=args.budget, max_llm_calls=args.max_llm_calls,
                 heldout={"parents": args.heldout_parents, "samples": args.heldout_samples, "k_max": k_max,
-                         "skip": args.skip_heldout, "all_versions": args.heldout_versions,
+                         "skip": args.skip_heldout, **_versions(args.heldout_versions),
                          "from": [str(Path(d).resolve()) for d in args.heldout_from or []]})
+
+
+def _versions(asked: int | None) -> dict:
+    """--heldout-versions: none (None), every published version (0), or those up to vN."""
+    return {"all_versions": asked is not None, "up_to": asked or None}
 
 
 def start_or_resume(wanted: Plan) -> Plan:
@@ -360,19 +365,34 @@ def measure_heldout(plan: Plan, arms: list[Arm], say=print) -> None:
     settings = heldout.Settings(plan.heldout["samples"], heldout.digest(parents))
     say(f"held-out: {len(parents)} parent(s) ({sum(p['held_out'] for p in parents)} held out), "
         f"{settings.samples} answers each, per arm")
+    frozen: dict[str, Arm] = {}  # a frozen policy's first arm: the one whose pool is measured
     for arm in arms:
+        info = {"name": arm.name, "seed": arm.seed, "evaluations": arm_state(arm).evaluations}
+        if not arm.trains and arm.policy in frozen:
+            heldout.share_pool(folder / f"{frozen[arm.policy].name}.json", folder / f"{arm.name}.json", info)
+            say(f"held-out {arm.index + 1}/{len(arms)}: {arm.name} has {frozen[arm.policy].name}'s pool "
+                "(the same frozen policy asked with the same request seeds answers the same)")
+            continue
+        if not arm.trains:
+            frozen[arm.policy] = arm
         spec = RunDir(arm.dir).spec()
         published = heldout.versions(spec["db_url"], spec["run_name"])
-        # v0 is the base model: the training arm's own baseline is the frozen arm with its m
-        measured = [v for v in published[:-1] if v["version"] > 0] if plan.heldout.get("all_versions") else []
-        jobs = [(folder / f"{arm.name}@v{v['version']}.json", v) for v in measured] + \
+        jobs = [(folder / f"{arm.name}@v{v['version']}.json", v) for v in _earlier(plan, published)] + \
             [(folder / f"{arm.name}.json", published[-1])]
-        info = {"name": arm.name, "seed": arm.seed, "evaluations": arm_state(arm).evaluations}
         say(f"held-out {arm.index + 1}/{len(arms)}: {arm.name}, policy "
             + ", ".join(f"v{v['version']}" for _, v in jobs) + f" ({published[-1]['model']})")
         policy = load_policy(arm_policy(plan, arm))
         heldout.measure_arm([(out, {**info, "version": v}) for out, v in jobs], problem, policy, parents,
                             settings, say)
+
+
+def _earlier(plan: Plan, published: list[dict]) -> list[dict]:
+    """The versions measured besides the last, with --heldout-versions. Not v0, the base model:
+    a training arm's own baseline is the frozen arm with its m."""
+    if not plan.heldout.get("all_versions"):
+        return []
+    up_to = plan.heldout.get("up_to") or published[-1]["version"]
+    return [v for v in published[:-1] if 0 < v["version"] <= up_to]
 
 
 def _parents(plan: Plan, arms: list[Arm], problem, folder: Path) -> list[dict]:
@@ -430,8 +450,8 @@ def _compare(args, view) -> int:
         plan = Plan.load(args.resume)
         extra = [str(Path(d).resolve()) for d in getattr(args, "heldout_from", None) or []]
         held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))}
-        if getattr(args, "heldout_versions", False):  # may be asked for once the arms are done
-            held["all_versions"] = True
+        if (asked := getattr(args, "heldout_versions", None)) is not None:  # may be asked for once the arms are done
+            held.update(_versions(asked))
         plan = raise_budget(plan, args.budget, held)
     else:
         if args.problem is None or not args.policies or args.budget is None:

@@ -546,7 +546,8 @@ def _heldout_section(fig: dict, names: list[str]) -> list[str]:
         return rows + ["Not measured yet."]
     rows += [f"Each arm's final policy answered {h['samples']} times per parent; best@k and pass@k for "
              f"k = 1..{h['k_max']} are exact estimates over that pool (k drawn without replacement), averaged "
-             "over the parents. Failed answers score 0. Parents (same for every arm):", ""]
+             "over the parents. Failed answers score 0. Every arm's calls use the same request seeds, so a "
+             "frozen policy's arms of other seeds share the pool of its first. Parents (same for every arm):", ""]
     for p in parents:
         kind = "held out (a frozen arm's elite no training arm stored)" if p["held_out"] \
             else "the seed program: NOT held out, every arm has seen it"

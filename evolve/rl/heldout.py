@@ -16,6 +16,11 @@ Nothing here writes to an arm's database: the calls and evaluations made here ar
 any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.json (the final
 version) and <arm>@v<N>.json (the earlier ones), written after each parent so an interrupted
 measurement resumes where it stopped.
+
+Cost, on two CPU cores: a pool of 8 parents x 30 answers is about 20 minutes. So a version is
+served as its run served it (merged into the weights where the run merged: through a LoRA the
+server runs at half speed), and a frozen policy is measured once: every request seed is the same
+for every arm, so its other seeds' arms would get the same answers again (`share_pool`).
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import asyncio
 import hashlib
 import json
 import math
+import shutil
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +209,7 @@ def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy,
     jobs: (out, arm) per version, arm["version"] naming it; the server (and its log) is started
     only if some pool is incomplete. Returns the records, in the order of the jobs."""
     from evolve.judge.evaluator import Evaluator
+    from evolve.rl.hook import serve_mode
     from evolve.serving.server import start_policy_server
 
     records = [(out, _load(out, arm, settings)) for out, arm in jobs]
@@ -212,14 +220,45 @@ def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy,
         server_dir = jobs[-1][0].with_suffix("")  # the server's log goes next to the final pools
         server_dir.mkdir(parents=True, exist_ok=True)
         with ExitStack() as stack:
-            base_url, model, _ = start_policy_server(policy, server_dir, jobs[-1][1]["seed"], stack)
+            base_url, model, server = start_policy_server(policy, server_dir, jobs[-1][1]["seed"], stack)
             evaluator = Evaluator(problem)
             stack.callback(evaluator.sandbox.close)
+            # served as the run served them: merged into the weights where the run merged (a CPU
+            # server loses half its speed to a LoRA), hot-loaded otherwise
+            merge = policy.train is not None and serve_mode(policy.train.serve, server) == "merge"
+            if merge:
+                stack.callback(shutil.rmtree, server_dir / "merged", True)
             for out, record, missing in todo:
                 record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
+                if merge:
+                    _serve_merged(server, policy, record, server_dir / "merged", say)
                 asyncio.run(_measure(out, record, problem, policy, parents, missing, base_url, model,
-                                     evaluator, settings, say))
+                                     evaluator, settings, say, hot_load=not merge))
     return [record for _, record in records]
+
+
+def _serve_merged(server, policy: Policy, record: dict, folder: Path, say) -> None:
+    """Restart the server on the version's adapter merged into the weights (the base for v0)."""
+    from evolve.rl.trainer import merge_adapter
+    from evolve.serving.models import policy_model_path
+
+    started, weights, name = time.time(), policy_model_path(policy), policy.model
+    if record["policy_version"] > 0:
+        name, weights = record["model"], folder / f"v{record['policy_version']}"
+        if not (weights / "config.json").exists():
+            merge_adapter(policy_model_path(policy), Path(record["adapter_path"]), weights)
+    if (server.model_dir, server.served_name) != (weights, name):
+        server.serve(weights, name)
+        say(f"  serving {name} merged into the weights ({time.time() - started:.0f} s)")
+
+
+def share_pool(source: Path, target: Path, arm: dict) -> None:
+    """A frozen arm's pool, given to another seed's arm of the same policy: held-out calls use the
+    same request seeds for every arm, so the same weights answer the same, and measuring them
+    again would only cost time (a pool is about 20 minutes of a 2-core CPU)."""
+    record = json.loads(source.read_text())
+    record.update(arm=arm["name"], run_evaluations=arm["evaluations"], pool_of=record["arm"])
+    target.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _load(out: Path, arm: dict, settings: Settings) -> dict:
@@ -236,7 +275,8 @@ def _load(out: Path, arm: dict, settings: Settings) -> dict:
     return fresh
 
 
-async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say):
+async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say,
+                   hot_load: bool = True):
     from evolve.serving.adapters import load_adapter, unload_adapter
     from evolve.serving.client import PolicyClient
     from evolve.serving.link import PolicyLink
@@ -246,16 +286,18 @@ async def _measure(out, record, problem, policy, parents, todo, base_url, model,
     server_url = base_url.removesuffix("/").removesuffix("/v1")
     loaded = False
     try:
-        if version > 0:  # a trained version: its adapter, loaded as the run's hook loads it
+        if version > 0 and hot_load:  # a trained version: its adapter, loaded as the run's hook loads it
             await load_adapter(server_url, record["model"], record["adapter_path"])
-            loaded, client.model = True, record["model"]
+            loaded = True
+        if version > 0:  # by its name, as an adapter or merged
+            client.model = record["model"]
         for i in todo:
-            parent = parents[i]
+            parent, started = parents[i], time.time()
             answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
             scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency,
                                          answer_format(policy, i), policy.literal_digits)
             record["parents"][parent["key"]] = {"parent_objective": parent["objective"], "tokens": tokens,
-                                                "answers": scored}
+                                                "seconds": round(time.time() - started, 1), "answers": scored}
             out.write_text(json.dumps(record, indent=1) + "\n")
             wins = sum(a["beats_parent"] for a in scored)
             valid = sum(a["status"] == "ok" for a in scored)

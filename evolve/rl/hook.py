@@ -120,6 +120,9 @@ class RLHook:
             return None
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
                   version=new, groups=len(groups))
+        if self.serve == "merge":  # it restarts after the step anyway; meanwhile the trainer gets
+            # its memory (~8 GB with the KV cache): beside it, a 12 GB step thrashed a 24 GB machine
+            await asyncio.to_thread(self.server.stop, why=f"training policy v{new}")
         step = await asyncio.to_thread(self._train, groups, adv, current)
         path = self.adapters / f"v{new}"
         name = f"{self.policy.name}-v{new}"
@@ -212,7 +215,7 @@ class RLHook:
             weights, name = self.merged / f"v{version.version}", version.model
         if version.version > 0 and not (weights / "config.json").exists():
             await asyncio.to_thread(merge_adapter, self.base_dir, Path(version.adapter_path), weights)
-        if (self.server.model_dir, self.server.served_name) != (weights, name):
+        if not self.server.running() or (self.server.model_dir, self.server.served_name) != (weights, name):
             await asyncio.to_thread(self.server.serve, weights, name)
         for old in self.merged.glob("v*") if version.version > 0 else ():
             if old != weights:

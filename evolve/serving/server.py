@@ -238,14 +238,17 @@ class VLLMServer:
 
     # -- stop ------------------------------------------------------------------
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after `grace_s`.
+    def stop(self, grace_s: float = STOP_GRACE_S, why: str | None = None) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `grace_s`; `why` goes
+        to its log.
 
         A reused server belongs to someone else and is left running.
         """
         process, self.process = self.process, None
         if process is None:
             return
+        if why:
+            self._log_note(f"stopping: {why}")
         atexit.unregister(self.stop)
         pgid = process.pid  # start_new_session: the group id is the leader's pid
         # The API server shuts its engine down in order when it alone gets SIGTERM;

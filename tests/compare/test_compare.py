@@ -23,6 +23,7 @@ import yaml
 from scripted_run import ScriptedClient, shared_run, write_problem  # noqa: E402
 
 from evolve.cli import main
+from evolve.cli import parser as cli_parser
 from evolve.compare import plan as compare
 from evolve.compare import report as compare_report
 from evolve.compare import stats
@@ -167,6 +168,13 @@ def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted
         assert fig["final_best"][policy]["objective"]["values"] == pytest.approx(finals)
         assert fig["final_best"][policy]["objective"]["mean"] == pytest.approx(sum(finals) / 2)
         assert fig["best_vs_evaluations"][policy]["objective"]["median"][-1] == pytest.approx(sum(finals) / 2)
+    # a frozen policy's pool is measured once: its other seed's arm, asked with the same request
+    # seeds, gets the same pool, named for itself
+    for policy in ("alpha", "beta"):
+        first, other = (json.loads((scripted.out / "heldout" / f"{policy}-s{s}.json").read_text()) for s in (0, 1))
+        assert "pool_of" not in first and (other["pool_of"], other["arm"]) == (f"{policy}-s0", f"{policy}-s1")
+        assert other["parents"] == first["parents"] and other["run_evaluations"] == 6
+        assert fig["heldout_arms"][f"{policy}-s1"] == fig["heldout_arms"][f"{policy}-s0"]
     # verdicts: two seeds each cannot support a claim at 0.05, and the report says so
     [line] = fig["verdicts"]["final best objective"]
     assert ("no significant difference between alpha and beta" in line and "smallest possible p is 0.333" in line)
@@ -353,6 +361,17 @@ def test_arm_policy_moves_an_embedded_server_for_parallel_arms(tmp_path):
     assert compare.arm_policy(plan, arm).read_text() == src.read_text()  # sequential: the policy as it is
     moved = yaml.safe_load(compare.arm_policy(plan, arm, port=8151).read_text())
     assert moved["server"]["port"] == 8151 and moved["sampling"] == yaml.safe_load(src.read_text())["sampling"]
+
+
+def test_heldout_versions_are_every_earlier_one_or_those_up_to_n():
+    published = [{"version": v} for v in range(6)]  # v0 (the base model) to v5, the last
+    for asked, measured in ((None, []), (0, [1, 2, 3, 4]), (3, [1, 2, 3]), (9, [1, 2, 3, 4])):
+        plan = Namespace(heldout=compare._versions(asked))
+        assert [v["version"] for v in compare._earlier(plan, published)] == measured, asked
+    parse = cli_parser().parse_args
+    assert parse(["compare", "--heldout-versions"]).heldout_versions == 0
+    assert parse(["compare", "--heldout-versions", "4", "--no-dashboard"]).heldout_versions == 4
+    assert parse(["compare"]).heldout_versions is None
 
 
 def test_call_sizes_give_every_arm_n_answers():

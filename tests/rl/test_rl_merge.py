@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from evolve.store.schema import LLMCall, PolicyVersion, TrainingStep
-from tests.rl.test_rl_run import PORT, grpo_policy, run_humaneval
+from evolve.config import load_policy, load_problem
+from evolve.rl import heldout
+from evolve.rundir import RunDir
+from evolve.store.schema import LLMCall, PolicyVersion, Program, TrainingStep
+from tests.rl.test_rl_run import HUMANEVAL, HUMANEVAL_ARGS, PORT, grpo_policy, run_humaneval
 from tests.test_run import MODEL, db_session, evolve
 
 pytestmark = pytest.mark.real
@@ -45,6 +48,15 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     assert [p.name for p in (run_dir / "merged").iterdir()] == [f"v{latest.version}"]
     log = (run_dir / "vllm.log").read_text()
     assert f"serving {latest.model} from {run_dir / 'merged' / f'v{latest.version}'}" in log
+    # the trainer had the server's memory: stopped for the step, back on the new version after it
+    assert log.index("stopping: training policy v1") < log.index("serving test-merge-v1 from")
+
+    # `evolve compare`'s held-out measurement serves it as the run did: merged, by its name
+    measured = measure_merged(policy, run_dir, tmp_path / "heldout")
+    assert measured["model"] == latest.model and [len(p["answers"]) for p in measured["parents"].values()] == [2]
+    log = (tmp_path / "heldout" / "arm" / "vllm.log").read_text()
+    assert f"serving {latest.model} from {tmp_path / 'heldout' / 'arm' / 'merged' / f'v{latest.version}'}" in log
+    assert not (tmp_path / "heldout" / "arm" / "merged").exists()  # a model's size on disk, removed after
 
     second = evolve("resume", run_dir, "--max-llm-calls", 4)  # calls count over sessions: one more
     assert second.returncode == 0, second.stdout + second.stderr
@@ -53,3 +65,18 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
         call = s.scalars(select(LLMCall).order_by(LLMCall.id.desc())).first()
         assert call.policy_version >= latest.version and call.error is None and call.model.startswith("test-merge-v")
 
+
+
+def measure_merged(policy, run_dir, folder) -> dict:
+    """The run's last version's held-out pool: 2 answers for the seed program as the parent."""
+    spec = RunDir(run_dir).spec()
+    with db_session(run_dir) as s:
+        seed = s.scalars(select(Program).where(Program.origin == "seed")).first()
+        parent = heldout._parent("run", seed, [], held_out=False)
+    folder.mkdir()
+    arm = {"name": "arm", "seed": 0, "evaluations": 0,
+           "version": heldout.versions(spec["db_url"], spec["run_name"])[-1]}
+    problem = load_problem(HUMANEVAL, [a for a in HUMANEVAL_ARGS if a != "--set"])
+    [record] = heldout.measure_arm([(folder / "arm.json", arm)], problem, load_policy(policy), [parent],
+                                   heldout.Settings(2, heldout.digest([parent])), print)
+    return record
