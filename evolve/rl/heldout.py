@@ -209,7 +209,7 @@ def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy,
     jobs: (out, arm) per version, arm["version"] naming it; the server (and its log) is started
     only if some pool is incomplete. Returns the records, in the order of the jobs."""
     from evolve.judge.evaluator import Evaluator
-    from evolve.rl.hook import serve_mode
+    from evolve.serving.adapters import serve_mode
     from evolve.serving.server import start_policy_server
 
     records = [(out, _load(out, arm, settings)) for out, arm in jobs]

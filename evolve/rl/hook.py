@@ -24,7 +24,7 @@ from evolve.judge.evaluator import Evaluator
 from evolve.rl import advantages
 from evolve.rl.guard import Guard
 from evolve.rl.rollouts import Group, complete_groups
-from evolve.serving.adapters import load_adapter, unload_adapter
+from evolve.serving.adapters import load_adapter, serve_mode, unload_adapter
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import PolicyVersion, TrainingStep
@@ -302,19 +302,6 @@ class RLHook:
                             kl=stats.kl, clip_fraction=stats.clip_fraction, train_s=time.time() - started,
                             sampler_kl=stats.sampler_kl,
                             peak_rss_mb=stats.peak_rss_mb, started_at=started)
-
-
-def serve_mode(setting: str, server) -> str:
-    """How published versions are served: `merge` needs the run's own embedded server; `auto`
-    merges where there is no GPU (a CPU server loses half its speed to a LoRA)."""
-    own = server is not None and not server.reused
-    if setting == "hot_load" or not own:
-        return "hot_load"
-    if setting == "merge":
-        return "merge"
-    import torch
-
-    return "hot_load" if torch.cuda.is_available() else "merge"
 
 
 def _sampler_kl(step: TrainingStep) -> str:

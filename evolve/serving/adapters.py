@@ -1,4 +1,5 @@
-"""LoRA adapters hot-loaded into (and dropped from) a running vLLM server by name."""
+"""LoRA adapters hot-loaded into (and dropped from) a running vLLM server by name, and the choice
+between that and serving them merged into the weights."""
 from __future__ import annotations
 
 import time
@@ -26,3 +27,16 @@ async def load_adapter(server_url: str, name: str, path: str) -> float:
 async def unload_adapter(server_url: str, name: str) -> None:
     async with httpx.AsyncClient(timeout=60) as http:
         await http.post(f"{server_url}/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def serve_mode(setting: str, server) -> str:
+    """How published versions are served: `merge` needs the run's own embedded server; `auto`
+    merges where there is no GPU (a CPU server loses half its speed to a LoRA)."""
+    own = server is not None and not server.reused
+    if setting == "hot_load" or not own:
+        return "hot_load"
+    if setting == "merge":
+        return "merge"
+    import torch
+
+    return "hot_load" if torch.cuda.is_available() else "merge"

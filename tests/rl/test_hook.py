@@ -155,7 +155,7 @@ async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(
 def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
     import torch
 
-    from evolve.rl.hook import serve_mode
+    from evolve.serving.adapters import serve_mode
 
     own, shared = SimpleNamespace(reused=False), SimpleNamespace(reused=True)
     assert serve_mode("merge", own) == "merge"
