@@ -239,17 +239,13 @@ def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy,
 
 def _serve_merged(server, policy: Policy, record: dict, folder: Path, say) -> None:
     """Restart the server on the version's adapter merged into the weights (the base for v0)."""
-    from evolve.rl.trainer import merge_adapter
+    from evolve.rl.trainer import serve_merged
     from evolve.serving.models import policy_model_path
 
-    started, weights, name = time.time(), policy_model_path(policy), policy.model
-    if record["policy_version"] > 0:
-        name, weights = record["model"], folder / f"v{record['policy_version']}"
-        if not (weights / "config.json").exists():
-            merge_adapter(policy_model_path(policy), Path(record["adapter_path"]), weights)
-    if (server.model_dir, server.served_name) != (weights, name):
-        server.serve(weights, name)
-        say(f"  serving {name} merged into the weights ({time.time() - started:.0f} s)")
+    started = time.time()
+    if serve_merged(server, policy_model_path(policy), policy.model, record["policy_version"], record["model"],
+                    record["adapter_path"], folder):
+        say(f"  serving {record['model']} merged into the weights ({time.time() - started:.0f} s)")
 
 
 def share_pool(source: Path, target: Path, arm: dict) -> None:

@@ -206,17 +206,12 @@ class RLHook:
     async def _serve(self, version: PolicyVersion) -> float:
         """Restart the server on `version` merged into the weights (the base for v0), unless it
         serves them already; seconds it took. One merged copy is kept on disk (the model's size)."""
-        from evolve.rl.trainer import merge_adapter
+        from evolve.rl.trainer import serve_merged
 
         started = time.time()
-        if version.version == 0:  # v0 is recorded as "base": served under the model's own name
-            weights, name = self.base_dir, self.policy.model
-        else:
-            weights, name = self.merged / f"v{version.version}", version.model
-        if version.version > 0 and not (weights / "config.json").exists():
-            await asyncio.to_thread(merge_adapter, self.base_dir, Path(version.adapter_path), weights)
-        if not self.server.running() or (self.server.model_dir, self.server.served_name) != (weights, name):
-            await asyncio.to_thread(self.server.serve, weights, name)
+        await asyncio.to_thread(serve_merged, self.server, self.base_dir, self.policy.model, version.version,
+                                version.model, version.adapter_path, self.merged)
+        weights = self.merged / f"v{version.version}"
         for old in self.merged.glob("v*") if version.version > 0 else ():
             if old != weights:
                 shutil.rmtree(old, ignore_errors=True)

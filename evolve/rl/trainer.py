@@ -323,6 +323,20 @@ def merge_adapter(model_dir: Path, adapter: Path, out: Path) -> Path:
     return out
 
 
+def serve_merged(server, base_dir: Path, base_name: str, version: int, name: str, adapter: str | None,
+                 merged: Path) -> bool:
+    """Restart `server` on policy `version` merged into the weights (the base, under `base_name`,
+    for v0), merging into `merged`/v<version> first where no copy is there; nothing when it serves
+    them already. True if it restarted."""
+    weights, served = (Path(base_dir), base_name) if version == 0 else (Path(merged) / f"v{version}", name)
+    if version > 0 and not (weights / "config.json").exists():
+        merge_adapter(base_dir, Path(adapter), weights)
+    if server.running() and (server.model_dir, server.served_name) == (weights, served):
+        return False
+    server.serve(weights, served)
+    return True
+
+
 def train_device(setting: str) -> torch.device:
     """`auto`: the GPU when torch sees one (a training step there takes seconds, not minutes)."""
     if setting == "auto":
