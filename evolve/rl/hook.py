@@ -20,12 +20,14 @@ import httpx
 import numpy as np
 
 from evolve.config import Policy, Problem
+from evolve.faults import Fault
 from evolve.judge.evaluator import Evaluator
 from evolve.rl import advantages
 from evolve.rl.guard import Guard
 from evolve.rl.rollouts import Group, complete_groups
 from evolve.serving.adapters import load_adapter, serve_mode, unload_adapter
 from evolve.serving.client import Sampler
+from evolve.serving.server import ServerError
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import PolicyVersion, TrainingStep
 
@@ -124,6 +126,9 @@ class RLHook:
             # its memory (~8 GB with the KV cache): beside it, a 12 GB step thrashed a 24 GB machine
             await asyncio.to_thread(self.server.stop, why=f"training policy v{new}")
         step = await asyncio.to_thread(self._train, groups, adv, current)
+        from evolve.rl.trainer import release_memory
+
+        rss = await asyncio.to_thread(release_memory)  # before a server starts beside the trainer
         path = self.adapters / f"v{new}"
         name = f"{self.policy.name}-v{new}"
         version = PolicyVersion(run_id=self.db.run_id, version=new, model=name, adapter_path=str(path))
@@ -163,8 +168,9 @@ class RLHook:
         served = "merged and restarted in" if self.serve == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}",
-                  version=new, loss=step.loss, kl=step.kl, served_check=step.served_check,
+                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}, trainer memory "
+                  f"{rss[0] / 1024:.1f} GB after the step, {rss[1] / 1024:.1f} GB released to serve",
+                  version=new, loss=step.loss, kl=step.kl, served_check=step.served_check, rss_mb=rss,
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
         return step
@@ -209,8 +215,13 @@ class RLHook:
         from evolve.rl.trainer import serve_merged
 
         started = time.time()
-        await asyncio.to_thread(serve_merged, self.server, self.base_dir, self.policy.model, version.version,
-                                version.model, version.adapter_path, self.merged)
+        try:
+            await asyncio.to_thread(serve_merged, self.server, self.base_dir, self.policy.model, version.version,
+                                    version.model, version.adapter_path, self.merged)
+        except ServerError as exc:  # the run stops cleanly; a resume starts the server afresh
+            raise Fault(f"the policy server did not restart on {version.model}: {str(exc).split(';')[0]} "
+                        f"(see {self.server.log_path}); `evolve resume` goes on from the last published "
+                        "version") from exc
         weights = self.merged / f"v{version.version}"
         for old in self.merged.glob("v*") if version.version > 0 else ():
             if old != weights:

@@ -228,9 +228,15 @@ class Controller:
             while self.calls_in_flight:
                 await asyncio.sleep(0.1)
             await self._drain()
+            if self.failure is not None:  # the other loop's step failed: stop with it, not train again
+                raise self.failure
             # Not already done by the other loop, and some budget left to use the new policy on.
             if self.hook.due() and self._budget_left() is None:
-                await self.hook.step(self.client, self.evaluator)
+                try:
+                    await self.hook.step(self.client, self.evaluator)
+                except Exception as exc:
+                    self.failure = exc
+                    raise
 
     async def _one_group(self) -> None:
         call_index = self.base_calls + self.stats.calls

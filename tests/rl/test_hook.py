@@ -253,3 +253,89 @@ def test_a_vpo_rollout_pays_for_the_examples_it_copies_beside_an_answer_that_sco
     groups = complete_groups(db.rollout_rows(), COMPONENTS, penalties=hook.train.penalties)
     adv, rewards = hook.advantages(groups, 1)
     assert np.isclose(rewards[0][1] - rewards[0][0], 0.2 * 2 / 3) and adv[0][0] < 0 < adv[0][1]
+
+
+async def test_a_server_that_does_not_restart_after_a_step_stops_the_run_with_one_line(tmp_path):
+    """vLLM once found too little memory beside the trainer and exited while starting: the run
+    must stop as a fault (resumable, one line), not with a traceback."""
+    from evolve.faults import fault_of
+    from evolve.serving.server import ServerError
+
+    class Server:
+        log_path, reused, model_dir, served_name = tmp_path / "vllm.log", False, None, None
+
+        def running(self):
+            return False
+
+        def serve(self, weights, name):
+            raise ServerError(f"vLLM exited with code 1 while starting; last lines of {self.log_path}:\nValueError: ...")
+
+    hook = _hook(tmp_path, open_db(tmp_path), "vpo")
+    hook.server, hook.base_dir = Server(), tmp_path / "base"
+    with pytest.raises(Exception) as caught:
+        await hook._serve(PolicyVersion(version=0, model="base"))
+    line = fault_of(caught.value)
+    assert line is not None and "\n" not in line
+    assert line.startswith("the policy server did not restart on base: vLLM exited with code 1 while starting")
+    assert str(tmp_path / "vllm.log") in line and "evolve resume" in line
+
+
+async def test_a_failed_step_stops_the_run_and_the_other_loop_does_not_train_again(tmp_path):
+    """Two generation loops: while one trains, the other waits on the lock; once the step has
+    failed, it must not start the step again (it did: a second trainer while the run stopped)."""
+    import asyncio
+    import threading
+
+    from scripted_run import ScriptedClient, write_policy, write_problem
+
+    from evolve.config import load_problem
+    from evolve.events import EventLog
+    from evolve.faults import Fault
+    from evolve.judge.evaluator import Evaluator
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
+
+    class Hook:
+        stop, steps = threading.Event(), 0
+
+        def due(self):
+            return True
+
+        async def resume(self, client):
+            pass
+
+        async def step(self, client, evaluator):
+            self.steps += 1
+            await asyncio.sleep(0.2)
+            raise Fault("the policy server did not restart on vpo-v2")
+
+    problem_path = write_problem(tmp_path, 20)
+    problem = load_problem(problem_path)
+    problem = problem.model_copy(update={"budget": problem.budget.model_copy(update={"llm_concurrency": 2})})
+    policy_path = write_policy(tmp_path)
+    policy = load_policy(policy_path)
+    spec = {"db_url": f"sqlite:///{tmp_path / 'evolve.db'}", "run_name": "t", "seed": 0, "policy": str(policy_path)}
+    db = open_database(spec, problem, policy, tmp_path)
+    evaluator, hook = Evaluator(problem), Hook()
+    try:
+        with EventLog(tmp_path, lambda event: None) as log:
+            controller = Controller(problem, policy, db, evaluator, ScriptedClient(), problem.budget, 0, log,
+                                    hook=hook)
+            assert await controller.run() == "the policy server did not restart on vpo-v2"
+    finally:
+        evaluator.sandbox.close()
+        db.close()
+    assert hook.steps == 1
+
+
+def test_the_trainer_gives_freed_memory_back_before_a_server_starts():
+    import numpy as np
+
+    from evolve.rl.trainer import release_memory, rss_mb
+
+    start = rss_mb()
+    held = [np.ones(2_000_000) for _ in range(50)]  # 16 MB each: served from glibc's heaps
+    assert rss_mb() > start + 600
+    del held
+    before, after = release_memory()
+    assert before >= after and after < start + 200
