@@ -41,6 +41,7 @@ from evolve.store.schema import Program, Run
 from evolve.store.schema import Session as RunSession
 
 COMPARE_FILE = "compare.json"
+DEFAULT_SEEDS = 3
 # A session that stopped at a budget the comparison set; anything else (interrupted, error,
 # a crash that left no stop reason) means the arm has more to do.
 POLL_S = 5.0  # how often --parallel reports progress
@@ -112,7 +113,7 @@ def new_plan(args) -> Plan:
                 policies=[{"name": p.name, "source": str(Path(path).resolve()),
                            "path": str((out / "policies" / f"{p.name}.yaml").resolve())}
                           for p, path in zip(policies, args.policies)],
-                seeds=list(range(args.seeds)), budget=args.budget, max_llm_calls=args.max_llm_calls,
+                seeds=list(range(args.seeds or DEFAULT_SEEDS)), budget=args.budget, max_llm_calls=args.max_llm_calls,
                 heldout={"parents": args.heldout_parents, "samples": args.heldout_samples, "k_max": k_max,
                          "skip": args.skip_heldout, **_versions(args.heldout_versions),
                          "from": [str(Path(d).resolve()) for d in args.heldout_from or []]})
@@ -123,11 +124,12 @@ def _versions(asked: int | None) -> dict:
     return {"all_versions": asked is not None, "up_to": asked or None}
 
 
-def start_or_resume(wanted: Plan) -> Plan:
+def start_or_resume(wanted: Plan, seeds: int | None = None) -> Plan:
     """Write a new comparison, or check that an existing one is the same comparison.
 
-    The budget may be raised (every arm then continues to it); held-out settings may change
-    (the pools are measured again). Anything else is a different comparison: a new --out.
+    The budget may be raised (every arm then continues to it), seeds added or dropped, held-out
+    settings changed (the pools are measured again). Anything else is a different comparison: a new --out.
+    seeds: the number asked for, None to keep the stored plan's.
     """
     path = wanted.dir / COMPARE_FILE
     if not path.exists():
@@ -137,7 +139,7 @@ def start_or_resume(wanted: Plan) -> Plan:
         wanted.save()
         return wanted
     stored = Plan.load(wanted.dir)
-    for key in ("problem", "sets", "seeds", "max_llm_calls"):
+    for key in ("problem", "sets", "max_llm_calls"):
         if getattr(stored, key) != getattr(wanted, key):
             raise CompareError(f"{wanted.dir} compares {key} {getattr(stored, key)!r}, not "
                                f"{getattr(wanted, key)!r}: use another --out, or --resume {wanted.dir}")
@@ -147,13 +149,16 @@ def start_or_resume(wanted: Plan) -> Plan:
         if Path(new["source"]).read_text() != Path(old["path"]).read_text():
             raise CompareError(f"{new['source']} changed since {wanted.dir} started: its arms would not "
                                f"be comparable. Use another --out, or --resume {wanted.dir}")
-    return raise_budget(stored, wanted.budget, wanted.heldout)
+    return amend(stored, wanted.budget, wanted.heldout, seeds)
 
 
-def raise_budget(plan: Plan, budget: int | None, heldout: dict | None = None) -> Plan:
+def amend(plan: Plan, budget: int | None, heldout: dict | None = None, seeds: int | None = None) -> Plan:
+    """Raise the budget, change the held-out settings or the number of seeds. An arm is one seed's,
+    so dropping seeds (to report the ones done) or adding them back changes no other arm."""
     if budget is not None and budget < plan.budget:
         raise CompareError(f"{plan.dir} has a budget of {plan.budget}; it can be raised, not lowered")
     plan.budget = budget or plan.budget
+    plan.seeds = list(range(seeds)) if seeds else plan.seeds
     plan.heldout = heldout or plan.heldout
     plan.save()
     return plan
@@ -401,13 +406,14 @@ def _parents(plan: Plan, arms: list[Arm], problem, folder: Path) -> list[dict]:
     path = folder / "parents.json"
     others = plan.heldout.get("from", [])
     wanted = {"budget": plan.budget, "count": plan.heldout["parents"], "from": others}
+    urls = {a: RunDir(a.dir).database_url() for a in arms}
+    trained = [urls[a] for a in arms if a.trains]
     if path.exists():
         stored = json.loads(path.read_text())
-        if stored["made_for"] == wanted:
+        # kept when seeds are added, unless an added training arm stored one of them (no longer held out)
+        if stored["made_for"] == wanted and not heldout.stored_by(stored["parents"], trained):
             return stored["parents"]
-    urls = {a: RunDir(a.dir).database_url() for a in arms}
     sources = [(a.name, urls[a]) for a in arms if not a.trains] + [_other_run(d, problem) for d in others]
-    trained = [urls[a] for a in arms if a.trains]
     parents = heldout.choose_parents(problem, sources, trained, plan.heldout["parents"])
     if len(parents) < plan.heldout["parents"]:
         raise CompareError(
@@ -446,17 +452,19 @@ def compare(args, view=None) -> int:
 def _compare(args, view) -> int:
     from evolve.compare.report import write_report
 
+    if getattr(args, "seeds", None) is not None and args.seeds < 1:
+        raise CompareError(f"--seeds {args.seeds}: at least 1")
     if args.resume:
         plan = Plan.load(args.resume)
         extra = [str(Path(d).resolve()) for d in getattr(args, "heldout_from", None) or []]
         held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))}
         if (asked := getattr(args, "heldout_versions", None)) is not None:  # may be asked for once the arms are done
             held.update(_versions(asked))
-        plan = raise_budget(plan, args.budget, held)
+        plan = amend(plan, args.budget, held, getattr(args, "seeds", None))
     else:
         if args.problem is None or not args.policies or args.budget is None:
             raise CompareError("give PROBLEM, --policies and --budget (or --resume DIR)")
-        plan = start_or_resume(new_plan(args))
+        plan = start_or_resume(new_plan(args), args.seeds)
     arms = plan.arms()
     say = _say
     say(f"comparison {plan.dir}: {len(arms)} arms ({', '.join(p['name'] for p in plan.policies)} x seeds "

@@ -40,7 +40,7 @@ from evolve.config import load_policy, load_problem
 from evolve.rl.rollouts import complete_groups
 from evolve.rundir import RunDir
 from evolve.store.connection import readonly_engine
-from evolve.store.database import EVALUATED, rollout_rows
+from evolve.store.database import EVALUATED, rollout_rows, session_seconds
 from evolve.store.schema import (
     Cell,
     Evaluation,
@@ -129,7 +129,7 @@ def _calls(s: Session, run_id: int) -> dict:
 
 def _sessions(s: Session, run_id: int) -> dict:
     rows = s.scalars(select(RunSession).where(RunSession.run_id == run_id).order_by(RunSession.id)).all()
-    wall = sum(r.ended_at - r.started_at for r in rows if r.ended_at is not None)
+    wall = sum(map(session_seconds, rows))
     return {"sessions": len(rows), "wall_s": wall, "stop_reason": rows[-1].stop_reason if rows else None}
 
 
@@ -367,13 +367,52 @@ def version_quality(plan, policies: list, parents: list[dict]) -> list[dict]:
     rows = []
     for p in (p for p in policies if p.train is not None):
         for seed in plan.seeds:
-            base = _pool_counts(folder / f"{frozen[p.answers]}-s{seed}.json", parents) if p.answers in frozen else None
-            earlier = sorted(folder.glob(f"{p.name}-s{seed}@v*.json"), key=lambda f: int(f.stem.rsplit("@v", 1)[1]))
-            for path in [*earlier, folder / f"{p.name}-s{seed}.json"]:
+            arm, base_arm = f"{p.name}-s{seed}", f"{frozen[p.answers]}-s{seed}" if p.answers in frozen else None
+            base = _pool_counts(folder / f"{base_arm}.json", parents) if base_arm else None
+            if base is not None:  # the row every version is read against
+                rows.append({"arm": arm, "base": base_arm, **base,
+                             **{what: _rate(base, None, what) for what in ("valid", "improving")}})
+            earlier = sorted(folder.glob(f"{arm}@v*.json"), key=lambda f: int(f.stem.rsplit("@v", 1)[1]))
+            for path in [*earlier, folder / f"{arm}.json"]:
                 if (counts := _pool_counts(path, parents)) is not None:
-                    rows.append({"arm": f"{p.name}-s{seed}", **counts,
+                    rows.append({"arm": arm, **counts,
                                  **{what: _rate(counts, base, what) for what in ("valid", "improving")}})
     return rows
+
+
+def slowdowns(plan, policies: list, arms: dict[str, dict]) -> dict[str, dict]:
+    """Per training arm: evaluations per minute of search wall time (training included), against
+    its baseline's (the frozen arm with the same m and seed). The bar: at most 1.5x slower."""
+    frozen = {}
+    for p in policies:
+        if p.train is None:
+            frozen.setdefault(p.answers, p.name)
+    out = {}
+    for p in (p for p in policies if p.train is not None and p.answers in frozen):
+        for seed in plan.seeds:
+            arm, base = arms.get(f"{p.name}-s{seed}"), arms.get(f"{frozen[p.answers]}-s{seed}")
+            if arm and base and arm["wall_s"] and base["wall_s"]:
+                rate, base_rate = (60 * m["evaluations"] / m["wall_s"] for m in (arm, base))
+                out[arm["arm"]] = {"base": base["arm"], "evals_per_min": rate, "base_evals_per_min": base_rate,
+                                   "slowdown": base_rate / rate if rate else None}
+    return out
+
+
+def learning_bar(rows: list[dict], versions: int = 4) -> dict[str, dict]:
+    """Per training arm, the bar a mutator that learns must meet (issue 21): over its first
+    `versions` published versions neither rate is ever below the base model's (by the 95% interval
+    of the difference), and at the last of them at least one is above. None until all are measured."""
+    out: dict[str, dict] = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        measured = [r for r in rows if r["arm"] == arm and r["version"] > 0 and r["valid"]["vs_base"]][:versions]
+        if len(measured) < versions:
+            out[arm] = {"met": None, "measured": [r["version"] for r in measured]}
+            continue
+        never_below = all(r[w]["vs_base"] != "below" for r in measured for w in ("valid", "improving"))
+        above = any(measured[-1][w]["vs_base"] == "above" for w in ("valid", "improving"))
+        out[arm] = {"met": never_below and above, "never_below": never_below, "above_at_last": above,
+                    "measured": [r["version"] for r in measured]}
+    return out
 
 
 def _pool_counts(path: Path, parents: list[dict]) -> dict | None:
@@ -415,6 +454,8 @@ def write_report(plan, arms, out: Path) -> Path:
     policies = [load_policy(p["path"]) for p in plan.policies]
     fig["baselines"] = baselines(policies)
     fig["versions"] = version_quality(plan, policies, parents)
+    fig["learning_bar"] = learning_bar(fig["versions"])
+    fig["slowdown"] = slowdowns(plan, policies, fig["arms"])
     fig["settings"] = {"problem": problem.name, "policies": names, "seeds": plan.seeds, "budget": plan.budget,
                        "max_llm_calls": plan.max_llm_calls, "heldout": plan.heldout,
                        "heldout_parents": [{k: p[k] for k in ("key", "source", "objective", "headline", "held_out")}
@@ -559,7 +600,11 @@ def _heldout_section(fig: dict, names: list[str]) -> list[str]:
 
 
 def _versions_section(fig: dict) -> list[str]:
-    rows = fig.get("versions") or []
+    return _versions_table(fig.get("versions") or [], fig.get("learning_bar") or {}) + \
+        _speed_lines(fig.get("slowdown") or {})
+
+
+def _versions_table(rows: list[dict], bars: dict) -> list[str]:
     if not rows:
         return []
     out = ["## Held-out quality per policy version", "",
@@ -570,7 +615,29 @@ def _versions_section(fig: dict) -> list[str]:
            "| arm | version | answers | valid | vs base | improving | vs base |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         v, i = r["valid"], r["improving"]
-        out.append(f"| {r['arm']} | v{r['version']} | {r['answers']} | "
+        version = f"base ({r['base']})" if "base" in r else f"v{r['version']}"
+        out.append(f"| {r['arm']} | {version} | {r['answers']} | "
                    f"{v['rate']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | {v['vs_base'] or '-'} | "
                    f"{i['rate']:.3f} [{i['ci95'][0]:.3f}, {i['ci95'][1]:.3f}] | {i['vs_base'] or '-'} |")
+    out += ["", "The bar for a mutator that learns: over its first 4 versions neither rate is below the base "
+            "model's, and at v4 at least one is above it."]
+    for arm, bar in bars.items():
+        done = ", ".join(f"v{v}" for v in bar["measured"]) or "none"
+        out.append(f"- {arm}: " + ("not measured yet (versions measured: " + done + ")" if bar["met"] is None else
+                                   f"{'met' if bar['met'] else 'not met'} ({done}: "
+                                   f"{'never below' if bar['never_below'] else 'below the base at some version'}"
+                                   f", {'above' if bar['above_at_last'] else 'not above'} at the last)"))
+    return out
+
+
+def _speed_lines(slowdown: dict) -> list[str]:
+    """What learning costs in search speed: a training arm's evaluations per minute against its baseline's."""
+    if not slowdown:
+        return []
+    out = ["", "## Search speed of the training arms", "",
+           "Evaluations per minute of search wall time (training, the guard and server restarts included), "
+           "against the baseline's; the bar: at most 1.5x slower.", ""]
+    for arm, sp in slowdown.items():
+        factor = f"{sp['slowdown']:.1f}x slower" if sp["slowdown"] else "no evaluations"
+        out.append(f"- {arm}: {sp['evals_per_min']:.2f} against {sp['base']}'s {sp['base_evals_per_min']:.2f}: {factor}")
     return out

@@ -42,6 +42,7 @@ from evolve.mutation import pipeline
 from evolve.mutation.code import normalise
 from evolve.mutation.prompt import ProgramText, answer_format
 from evolve.store.connection import readonly_engine
+from evolve.store.database import code_hash
 from evolve.store.schema import Cell, PolicyVersion, Program, Run
 
 SALT = 0x6E1D  # request seeds of held-out calls: the same for every arm, apart from the runs'
@@ -65,6 +66,12 @@ def choose_parents(problem: Problem, sources: list[tuple[str, str]], trained: li
     picked = [pool[i] for i in sorted(rng.choice(len(pool), size=min(count, len(pool)), replace=False))]
     return [_parent(arm, program, _inspirations(url, program, problem, rng), True)
             for arm, url, program in picked]
+
+
+def stored_by(parents: list[dict], trained: list[str]) -> bool:
+    """Whether a training arm (db urls) stored the code of one of these parents."""
+    codes = {code_hash(p["code"]) for p in parents}
+    return any(codes & _code_hashes(url) for url in trained)
 
 
 def _query(url: str, statement) -> list:

@@ -129,6 +129,11 @@ def _refuse_newer(conn, scripts: ScriptDirectory) -> None:
                           f"{scripts.get_current_head()}); upgrade evolve, the run's data is untouched") from None
 
 
+def session_seconds(row) -> float:
+    """A session's wall time; one killed with -9 never ended and counts up to its last heartbeat."""
+    return (row.ended_at or row.heartbeat_at or row.started_at) - row.started_at
+
+
 def code_hash(code: str) -> str:
     return hashlib.sha256(normalise(code).encode()).hexdigest()
 
@@ -426,7 +431,7 @@ class ProgramDatabase:
         """Wall time of the other sessions; one killed with -9 counts up to its last heartbeat."""
         rows = self.session.execute(select(RunSession.started_at, RunSession.ended_at, RunSession.heartbeat_at)
                                     .where(RunSession.run_id == self.run_id, RunSession.id != current))
-        return sum((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at for r in rows)
+        return sum(map(session_seconds, rows))
 
     def turns(self) -> list[Turn]:
         """The run's cycles of turns between the LLM and tuning, oldest first."""

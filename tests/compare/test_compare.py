@@ -220,6 +220,8 @@ def test_heldout_pools_and_their_estimates(scripted, other_run):
                                   "SELECT program_id FROM cells c JOIN programs p ON p.id = c.program_id "
                                   "WHERE p.origin != 'seed'")}
     assert {p["id"] for p in picked if p["held_out"]} <= elites
+    # parents kept when seeds are added must still be held out from every training arm
+    assert heldout.stored_by(picked, [url]) and not heldout.stored_by(picked, [])
 
 
 def test_too_few_heldout_parents_is_one_clear_error_and_heldout_from_fixes_it(scripted, other_run, capsys, tmp_path):
@@ -254,16 +256,34 @@ def test_rerun_resumes_only_unfinished_arms_and_a_raised_budget_continues_every_
     assert all(sessions(d) == ["budget reached"] for d in arms)
     assert main(args) == 0  # every arm is done: nothing runs again
     assert all(sessions(d) == ["budget reached"] for d in arms)
-    with closing(sqlite3.connect(alpha / "evolve.db")) as conn:  # as if a crash had stopped it
-        conn.execute("UPDATE sessions SET stop_reason='error'")
+    with closing(sqlite3.connect(alpha / "evolve.db")) as conn:  # as if kill -9 had stopped it
+        conn.execute("UPDATE sessions SET stop_reason=NULL, ended_at=NULL, heartbeat_at=started_at + 5")
         conn.commit()
     assert main(args) == 0
-    assert sessions(alpha) == ["error", "budget reached"] and sessions(beta) == ["budget reached"]
+    assert sessions(alpha) == [None, "budget reached"] and sessions(beta) == ["budget reached"]
     assert main(["compare", "--resume", str(scripted.out), "--budget", "7", "--no-dashboard"]) == 0
     assert sessions(alpha)[-1] == sessions(beta)[-1] == "budget reached" and len(sessions(beta)) == 2
     assert all(db_numbers(d)["evaluations"] == 7 for d in arms)
     fig = json.loads((scripted.out / "report" / "figures.json").read_text())
     assert fig["settings"]["budget"] == 7 and len(fig["best_vs_evaluations"]["alpha"]["objective"]["x"]) == 8
+    # the killed session's wall time counts up to its last heartbeat
+    ended = query(alpha / "evolve.db", "SELECT sum(ended_at - started_at) FROM sessions WHERE ended_at IS NOT NULL")
+    assert fig["arms"]["alpha-s0"]["wall_s"] == pytest.approx(5 + ended[0][0])
+
+
+def test_seeds_can_be_dropped_to_report_those_done_and_added_back(scripted):
+    assert main(compare_args(scripted, "--seeds", 2, "--budget", 3, "--skip-heldout", "--report-only")) == 0
+    resume = ["compare", "--resume", str(scripted.out), "--no-dashboard"]
+    assert main(resume + ["--seeds", "1"]) == 0  # the comparison is done at one seed: it reports
+    assert sorted(p.name for p in (scripted.out / "arms").iterdir()) == ["alpha-s0", "beta-s0"]
+    fig = json.loads((scripted.out / "report" / "figures.json").read_text())
+    assert fig["settings"]["seeds"] == [0] and sorted(fig["arms"]) == ["alpha-s0", "beta-s0"]
+    assert main(resume + ["--seeds", "2"]) == 0  # seed 1 is added: seed 0's arms do not run again
+    assert sessions(scripted.out / "arms" / "alpha-s0") == ["budget reached"]
+    assert sessions(scripted.out / "arms" / "alpha-s1") == ["budget reached"]
+    assert main(compare_args(scripted, "--budget", 3, "--skip-heldout")) == 0  # no --seeds: the plan's
+    assert json.loads((scripted.out / "compare.json").read_text())["seeds"] == [0, 1]
+    assert main(resume + ["--seeds", "0"]) == 2
 
 
 def compare_cli(tmp_path) -> Path:
@@ -343,8 +363,8 @@ def test_parallel_arms(scripted, monkeypatch):
 def test_a_different_comparison_in_the_same_directory_is_refused(scripted, capsys):
     base = compare_args(scripted, "--seeds", 1, "--budget", 3, "--skip-heldout", "--report-only")
     assert main(base) == 0  # creates the plan; --report-only runs nothing
-    assert main(compare_args(scripted, "--seeds", 2, "--budget", 3, "--report-only")) == 2
-    assert "compares seeds [0], not [0, 1]" in capsys.readouterr().err
+    assert main(compare_args(scripted, "--seeds", 1, "--budget", 3, "--report-only", "--max-llm-calls", 5)) == 2
+    assert "compares max_llm_calls None, not 5" in capsys.readouterr().err
     scripted.policies[0].write_text(scripted.policies[0].read_text().replace("group_size: 4", "group_size: 3"))
     assert main(base) == 2
     assert "changed since" in capsys.readouterr().err
@@ -514,7 +534,7 @@ def test_each_training_arm_is_told_its_own_baseline():
 
 def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_path):
     """Held-out pools of a training arm's versions, read against its frozen m-matched arm's pool."""
-    from evolve.compare.report import version_quality
+    from evolve.compare.report import learning_bar, slowdowns, version_quality
 
     parents = [{"key": f"from:x#{i}", "code": f"x = {i}", "inspirations": []} for i in range(2)]
     folder = tmp_path / "heldout"
@@ -533,10 +553,21 @@ def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_p
     pool("grpo-s0", 10, valid=20, wins=12)
     policies = [load_policy(ROOT / "policies" / f"{n}.yaml") for n in ("frozen", "frozen_m3", "grpo")]
     plan = compare.Plan(tmp_path, "problem.yaml", [], [0], 3, None, {})
-    rows = version_quality(plan, policies, parents)
+    base, *rows = version_quality(plan, policies, parents)
+    assert (base["base"], base["version"], base["valid"]["rate"]) == ("frozen-s0", 0, 0.5)  # the row read against
     assert [r["version"] for r in rows] == [1, 2, 10]  # v10 sorts after v2: by number, the last from ARM.json
     assert [r["answers"] for r in rows] == [40, 40, 40]
     assert [r["valid"]["vs_base"] for r in rows] == ["below", "level", "above"]
     assert [r["improving"]["vs_base"] for r in rows] == ["level", "level", "above"]
     assert rows[1]["valid"]["rate"] == 0.5 and rows[1]["valid"]["ci95"] == pytest.approx(stats.wilson(20, 40))
     assert version_quality(plan, policies, parents[:1]) == []  # pools of another parent set are stale
+    # issue 21's bar over the first versions: v1 is below the base, so it is not met
+    assert learning_bar([base, *rows], versions=3)["grpo-s0"] == {
+        "met": False, "never_below": False, "above_at_last": True, "measured": [1, 2, 10]}
+    assert learning_bar([base, *rows[1:]], versions=2)["grpo-s0"]["met"] is True  # level, then above
+    assert learning_bar([base, *rows])["grpo-s0"] == {"met": None, "measured": [1, 2, 10]}  # v4 not yet
+    # what learning costs in search speed: evaluations per minute against the same baseline
+    arms = {"frozen-s0": {"arm": "frozen-s0", "evaluations": 200, "wall_s": 1200.0},
+            "grpo-s0": {"arm": "grpo-s0", "evaluations": 200, "wall_s": 6000.0}}
+    assert slowdowns(plan, policies, arms) == {"grpo-s0": pytest.approx(
+        {"base": "frozen-s0", "evals_per_min": 2.0, "base_evals_per_min": 10.0, "slowdown": 5.0})}
