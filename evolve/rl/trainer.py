@@ -278,6 +278,8 @@ class Trainer:
         tmp = path.with_name(path.name + ".tmp")
         self.model.save_pretrained(tmp)
         torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if path.exists():  # this version was trained before, never published: the run stopped first
+            shutil.rmtree(path)
         tmp.replace(path)
         return path
 

@@ -70,6 +70,10 @@ def test_a_step_moves_the_policy_towards_positive_advantages(model_dir, tmp_path
     assert config["r"] == 16 and (path / "adapter_model.safetensors").exists()
     again = Trainer(model_dir, train, temperature=1.0, adapter=path)  # resume: same policy
     assert np.allclose(again._logprobs(seq, adapter=True, stop=None).sum(dim=1).numpy(), after, atol=1e-2)
+    # a run that stopped after saving v1 but before serving it trains v1 again on resume
+    (path / "stale").write_text("from the step that was never published")
+    assert again.save(path) == path and not (path / "stale").exists()
+    assert not path.with_name("v1.tmp").exists()
 
 
 def test_encode_uses_served_ids_and_falls_back_to_the_chat_template(model_dir):
