@@ -168,8 +168,8 @@ class RLHook:
         served = "merged and restarted in" if self.serve == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}, trainer memory "
-                  f"{rss[0] / 1024:.1f} GB after the step, {rss[1] / 1024:.1f} GB released to serve",
+                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}, the process held "
+                  f"{rss[0] / 1024:.1f} GB after the step, {rss[1] / 1024:.1f} GB once it gave freed memory back",
                   version=new, loss=step.loss, kl=step.kl, served_check=step.served_check, rss_mb=rss,
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
