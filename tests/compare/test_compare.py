@@ -503,7 +503,8 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     earlier = [v for v in published[:-1] if v > 0]
     for v in earlier:
         assert json.loads((out / "heldout" / f"grpo-s0@v{v}.json").read_text())["policy_version"] == v
-    rows = fig["versions"]
+    base, *rows = fig["versions"]  # the base model's row first: what each version is read against
+    assert (base["arm"], base["base"]) == ("grpo-s0", "frozen-s0")
     assert [(r["arm"], r["version"]) for r in rows] == [("grpo-s0", v) for v in earlier + published[-1:]]
     assert all(r["answers"] == 2 and r["valid"]["vs_base"] in ("below", "level", "above") for r in rows)
     assert "## Held-out quality per policy version" in md
