@@ -355,15 +355,21 @@ def baselines(policies: list) -> list[str]:
     return lines
 
 
+def _frozen_by_m(policies: list) -> dict[int, str]:
+    """Each m's baseline: the first frozen policy asking for m answers per response."""
+    frozen: dict[int, str] = {}
+    for p in policies:
+        if p.train is None:
+            frozen.setdefault(p.answers, p.name)
+    return frozen
+
+
 def version_quality(plan, policies: list, parents: list[dict]) -> list[dict]:
     """Per training arm and policy version measured on the held-out parents (heldout/ARM@vN.json,
     and ARM.json for its last): its valid and improving answers against its baseline's, the
     frozen arm with the same m and seed (the base model, v0)."""
     folder = plan.dir / "heldout"
-    frozen: dict[int, str] = {}
-    for p in policies:
-        if p.train is None:
-            frozen.setdefault(p.answers, p.name)
+    frozen = _frozen_by_m(policies)
     rows = []
     for p in (p for p in policies if p.train is not None):
         for seed in plan.seeds:
@@ -383,10 +389,7 @@ def version_quality(plan, policies: list, parents: list[dict]) -> list[dict]:
 def slowdowns(plan, policies: list, arms: dict[str, dict]) -> dict[str, dict]:
     """Per training arm: evaluations per minute of search wall time (training included), against
     its baseline's (the frozen arm with the same m and seed). The bar: at most 1.5x slower."""
-    frozen = {}
-    for p in policies:
-        if p.train is None:
-            frozen.setdefault(p.answers, p.name)
+    frozen = _frozen_by_m(policies)
     out = {}
     for p in (p for p in policies if p.train is not None and p.answers in frozen):
         for seed in plan.seeds:
