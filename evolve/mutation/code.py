@@ -17,12 +17,25 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 BLOCK_START = "# EVOLVE-BLOCK-START"
 BLOCK_END = "# EVOLVE-BLOCK-END"
+
+
+# CPython 3.11 keeps ast.parse's recursion depth per interpreter, not per thread: a parse
+# that a garbage collection interrupts for another thread's parse fails with "SystemError: AST
+# constructor recursion depth mismatch" (python/cpython#106905). Generation loops are threads.
+_PARSING = threading.RLock()  # reentrant: a finalizer that parses must not deadlock
+
+
+def parse(code: str) -> ast.Module:
+    """ast.parse, one thread at a time (see _PARSING)."""
+    with _PARSING:
+        return ast.parse(code)
 
 
 # Failed answers that got furthest: the reward grades them (evolve/rl/rollouts.py).
@@ -145,7 +158,7 @@ def outline(program: str) -> str:
     lines = []
     for part in (prefix, suffix):
         try:
-            tree = ast.parse(part)
+            tree = parse(part)
         except SyntaxError:  # a block split inside a statement: show that part as it is
             lines.append(part.strip())
             continue
@@ -461,7 +474,7 @@ def with_block(parent: str, new_body: str) -> str:
 def _syntax(code: str) -> str | None:
     """The program's syntax tree, comments and layout left out (None: it does not parse)."""
     try:
-        return ast.dump(ast.parse(code))
+        return ast.dump(parse(code))
     except (SyntaxError, ValueError):
         return None
 

@@ -18,6 +18,7 @@ from evolve.mutation.code import (
     evolve_block,
     is_docstring,
     outline,
+    parse,
     split_block,
     with_block,
 )
@@ -38,7 +39,7 @@ automatically afterwards. Keep the arguments and the return format."""
 def _defined(block: str) -> list[str]:
     """Names of the functions and classes the block defines at its top level."""
     try:
-        tree = ast.parse(block)
+        tree = parse(block)
     except SyntaxError:
         return []
     return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
@@ -53,7 +54,7 @@ def _versioned(block: str, names: list[str], k: int) -> str:
 
 def _entry_node(block: str, entry: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
     try:
-        tree = ast.parse(block)
+        tree = parse(block)
     except SyntaxError as exc:
         raise MutationError(f"the parent's EVOLVE-BLOCK does not parse: {exc.msg}") from None
     for node in tree.body:
