@@ -8,7 +8,10 @@ same held-out parents (archive elites that no training call used as its parent, 
 with the same request seeds, every answer is applied and scored in the sandbox, and the new
 version is refused when its valid-answer rate or its improving rate (children that beat their
 parent) falls below its predecessor's by more than `train.guard.margin`. A predecessor is
-measured once; its rates are kept for the next check.
+measured once, before the step, while the server still serves it; its rates are kept for the
+next check. Each version is measured as the run serves it (merged into the weights on a CPU,
+where a LoRA halves generation), so the guard costs half what LoRAs on the base weights did
+and needs no restart of its own.
 
 The answers the guard asks for are not part of the run: they are not stored, trained on or
 counted in the budget. Their cost (answers, seconds) is recorded with the training step.
@@ -73,25 +76,32 @@ class Guard:
         return Rates(version, len(records), sum(r["status"] == "ok" for r in records) / n,
                      sum(r["beats_parent"] for r in records) / n, time.time() - started)
 
-    async def check(self, client: Sampler, old: tuple[int, str], new: tuple[int, str], evaluator: Evaluator) -> dict:
-        """The verdict on `new` (version, served name) against `old`: {"ok", "why", rates, cost}."""
-        if self.parents is None or len(self.parents) < self.settings.parents:  # a young archive: look again
+    async def prepare(self, client: Sampler, old: tuple[int, str], evaluator: Evaluator) -> bool:
+        """Before a step: choose the held-out parents (again while the archive is young) and
+        measure `old` (version, served name) on them unless it was measured already, while the
+        server still serves it as the run does. False when the archive has no held-out parent
+        yet: a new version could not be measured, so it is not worth training."""
+        if self.parents is None or len(self.parents) < self.settings.parents:
             chosen = self.choose_parents()
             if [p["id"] for p in chosen] != [p["id"] for p in self.parents or []]:
                 self.parents, self.measured = chosen, {}  # rates on other parents do not compare
-        if not self.parents:  # unmeasured is not known to be no worse
-            return {"ok": False, "why": "no held-out parent in the archive yet (elites no training call "
-                                        "used as its parent): not measured, so not served", "parents": 0}
+        if not self.parents:
+            return False
         if old[0] not in self.measured:
             self.measured[old[0]] = await self.measure(client, old[1], old[0], evaluator)
-        before = self.measured[old[0]]
+        return True
+
+    async def check(self, client: Sampler, old: int, new: tuple[int, str], evaluator: Evaluator) -> dict:
+        """The verdict on `new` (version, served name) against version `old`, measured by
+        `prepare`: {"ok", "why", rates, margin, parents}."""
+        before = self.measured[old]
         after = await self.measure(client, new[1], new[0], evaluator)
         margin = self.settings.margin
         worse = [f"{name} {getattr(before, name):.1%} -> {getattr(after, name):.1%}"
                  for name in ("valid", "improving") if getattr(after, name) < getattr(before, name) - margin]
         if not worse:
             self.measured[new[0]] = after
-        return {"ok": not worse, "margin": margin, "parents": len(self.parents),
-                "why": ("worse than v%d by more than %.2f: %s" % (old[0], margin, "; ".join(worse))) if worse
-                       else f"not worse than v{old[0]} (margin {margin:.2f})",
+        return {"ok": not worse, "margin": margin, "parents": len(self.parents or []),
+                "why": ("worse than v%d by more than %.2f: %s" % (old, margin, "; ".join(worse))) if worse
+                       else f"not worse than v{old} (margin {margin:.2f})",
                 "before": asdict(before), "after": asdict(after)}

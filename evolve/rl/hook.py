@@ -120,6 +120,15 @@ class RLHook:
                       f"groups (every advantage is zero); trying again after {self.groups_per_step()} more",
                       version=current.version, groups=len(groups), published=False)
             return None
+        guarded = self.guard is not None and evaluator is not None
+        # client.model: the name the current version is served under ("base" is only its label)
+        if guarded and not await self.guard.prepare(client, (current.version, client.model), evaluator):
+            self.held_since = time.time()  # unmeasurable is not known to be no worse: do not train yet
+            self.emit("training", f"policy v{current.version} keeps serving: no held-out parent for the guard "
+                      "yet (an elite that no call used as its parent); trying again after "
+                      f"{self.groups_per_step()} more groups", version=current.version, groups=len(groups),
+                      published=False)
+            return None
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
                   version=new, groups=len(groups))
         if self.serve == "merge":  # it restarts after the step anyway; meanwhile the trainer gets
@@ -136,28 +145,19 @@ class RLHook:
         step.groups, step.reward_mean = len(groups), float(np.mean(np.concatenate(rewards)))
         step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
         step.published = True
-        guarded = self.guard is not None and evaluator is not None
-        if guarded or self.serve == "hot_load":
-            step.load_s = await self._hot_load(current, version)
+        # served as the run will serve it: merged (a restart) or hot-loaded; the guard measures it so
+        step.load_s = await (self._serve(version) if self.serve == "merge" else self._load(version))
         if guarded:
-            # client.model: the name the current version is served under ("base" is only its label)
-            step.guard = await self.guard.check(client, (current.version, client.model), (new, name), evaluator)
+            step.guard = await self.guard.check(client, current.version, (new, name), evaluator)
             step.published = step.guard["ok"]
             if not step.published:
-                cost = step.guard["after"]["seconds"] if "after" in step.guard else 0.0
                 await self._refuse(step, name, path, current, f"{step.guard['why']} (guard: "
-                                   f"{step.guard['parents']} held-out parents, {cost:.0f} s)")
-                if self.serve == "merge":  # back on the current version's weights
-                    await self._serve(current)
+                                   f"{step.guard['parents']} held-out parents, {step.guard['after']['seconds']:.0f} s)")
                 return None
-        if self.serve == "merge":
-            step.load_s = await self._serve(version)
         step.served_check = await self._served_check(client, name, groups[-1])
         if not step.served_check["ok"]:
             step.published = False
             await self._refuse(step, name, path, current, self._mismatch(step.served_check))
-            if self.serve == "merge":
-                await self._serve(current)
             return None
         self.db.add(version)
         self.db.add(step)
@@ -174,15 +174,6 @@ class RLHook:
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
         return step
-
-    async def _hot_load(self, current: PolicyVersion, new: PolicyVersion) -> float:
-        """Load the new version's LoRA into the server (seconds). Merged: the server first goes
-        back to the base weights, with the current version as a LoRA too, for the guard."""
-        if self.serve == "merge":
-            await self._serve(PolicyVersion(version=0, model="base"))
-            if current.version > 0:
-                await self._load(current)
-        return await self._load(new)
 
     async def _load(self, version: PolicyVersion) -> float:
         """Hot-load a version into every endpoint; the slowest load's seconds. A replica that
@@ -231,8 +222,11 @@ class RLHook:
     async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion, why: str) -> None:
         """The new version must not serve (the guard measured it worse, or the server does not
         reproduce it): the trainer goes back to the state it had before the step, and the hook
-        waits for a step's worth of new groups."""
-        await self._unload(name)
+        waits for a step's worth of new groups. A merged server goes back to the current version."""
+        if self.serve == "merge":
+            await self._serve(current)
+        else:
+            await self._unload(name)
         await asyncio.to_thread(self.trainer.restore, self.saved)
         shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
         shutil.rmtree(self.merged / f"v{step.version}", ignore_errors=True)

@@ -339,3 +339,70 @@ def test_the_trainer_gives_freed_memory_back_before_a_server_starts():
     del held
     before, after = release_memory()
     assert before >= after and after < start + 200
+
+
+async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, monkeypatch):
+    """Merged serving: the predecessor is measured before the step, on the weights it serves
+    (the server then stops for the trainer); the new version on its merged restart. No restart
+    for the guard's sake, and a refused version sends the server back to the current one."""
+    import evolve.rl.trainer
+    from evolve.rl.guard import Rates
+    from evolve.store.schema import TrainingStep
+
+    db = open_db(tmp_path)
+    hook, served, seen = _hook(tmp_path, db, "grpo"), ["base"], []
+    hook.serve, hook.trainer = "merge", SimpleNamespace(restore=lambda state: seen.append("restore"))
+    hook.server = SimpleNamespace(stop=lambda why: seen.append("stop"))
+    rates = {"base": 0.5, "grpo-v1": 0.1}  # v1 worse by more than the margin: refused
+
+    async def serve(version):
+        served.append(version.model)
+        seen.append(f"serve {version.model}")
+        return 1.0
+
+    async def measure(client, model, version, evaluator):
+        assert model == served[-1], "measured as served, not through a LoRA on other weights"
+        seen.append(f"measure {model}")
+        return Rates(version, 8, rates[model], rates[model], 1.0)
+
+    async def served_check(client, name, group):
+        return {"ok": True, "tokens": 0}
+
+    def train(groups, adv, current):
+        seen.append("train")
+        return TrainingStep(algorithm="grpo", rollouts=2, loss=0.0, kl=0.0, clip_fraction=0.0, train_s=1.0)
+
+    monkeypatch.setattr(evolve.rl.trainer, "release_memory", lambda: (1.0, 1.0))
+    monkeypatch.setattr(hook, "_serve", serve)
+    monkeypatch.setattr(hook, "_train", train)
+    monkeypatch.setattr(hook, "_served_check", served_check)
+    monkeypatch.setattr(hook.guard, "measure", measure)
+    monkeypatch.setattr(hook.guard, "choose_parents", lambda: [{"id": 1}] * hook.guard.settings.parents)
+    client = SimpleNamespace(model="base")
+    add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("invalid", None)]], started_at=1.0)
+    add_group(db, [[("ok", {"x": 0.0, "y": 1.0})], [("invalid", None)]], started_at=2.0)
+
+    assert await hook.step(client, evaluator=object()) is None
+    assert seen == ["measure base", "stop", "train", "serve grpo-v1", "measure grpo-v1", "serve base", "restore"]
+    assert db.policy_version().version == 0 and client.model == "base"
+
+    seen.clear()
+    rates["grpo-v1"] = 0.45  # within the margin: served, and v0 is not measured again
+    assert (await hook.step(client, evaluator=object())).published
+    assert seen == ["stop", "train", "serve grpo-v1", "measure grpo-v1"]
+    assert db.policy_version().version == 1 and client.model == "grpo-v1"
+
+
+async def test_no_held_out_parent_yet_means_no_training_yet(tmp_path):
+    """A new version that the guard cannot measure would not be served: its step is not trained
+    (minutes of CPU for nothing); the hook waits for a step's worth of new groups."""
+    db = open_db(tmp_path)
+    said = []
+    hook = _hook(tmp_path, db, "grpo", emit=lambda kind, message, **f: said.append((kind, message, f)))
+    add_group(db, [[("ok", {"x": 1.0, "y": 0.0})], [("invalid", None)]], started_at=1.0)
+    add_group(db, [[("ok", {"x": 0.0, "y": 1.0})], [("invalid", None)]], started_at=2.0)
+    assert not db.unasked_elites()  # every child's parent was the seed, and no child is an elite yet
+    assert await hook.step(SimpleNamespace(model="base"), evaluator=object()) is None
+    assert hook.trainer is None and not hook.due()
+    kind, message, fields = said[-1]
+    assert kind == "training" and "no held-out parent" in message and fields["published"] is False

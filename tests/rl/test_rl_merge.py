@@ -23,11 +23,13 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     """`train.serve: merge` (the CPU default): the run's own server restarts on each published
     version merged into the weights, later calls go to it by name, one merged copy stays on
     disk, a resume comes back on it, and those weights give the trainer's log-probs (the
-    run-time check on the first call after each restart)."""
+    run-time check on the first call after each restart). The guard measures each version as it
+    is served, with no restart of its own."""
     policy = tmp_path / "merge.yaml"
     policy.write_text(grpo_policy(tmp_path / "x.yaml", "test-merge", "null").read_text()
                       .replace(f"port: {PORT}", f"port: {PORT + 1}")
-                      .replace("guard: null}", "guard: null, serve: merge}")
+                      # the guard as a CPU run has it (merged), on one parent; a margin that never refuses
+                      .replace("guard: null}", "guard: {parents: 1, answers: 2, margin: 1.0}, serve: merge}")
                       # the default suite's one whole RL run, on short answers (1,205 s with 320
                       # tokens on an AVX2-only CPU). Three calls: the two in flight at once train
                       # v1, the third is served by it; fewer and the run ends before any step.
@@ -38,8 +40,10 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     with db_session(run_dir) as s:
         versions = s.scalars(select(PolicyVersion).order_by(PolicyVersion.version)).all()
         calls = s.scalars(select(LLMCall).order_by(LLMCall.id)).all()
-        checks = [st.served_check for st in s.scalars(select(TrainingStep)) if st.published]
+        steps = [st for st in s.scalars(select(TrainingStep)) if st.published]
+    checks = [st.served_check for st in steps]
     assert checks and all(c["ok"] and c["tokens"] > 0 for c in checks), checks  # the merged weights, at run time
+    assert all(st.guard["after"]["answers"] > 0 for st in steps), [st.guard for st in steps]
     latest = versions[-1]
     assert latest.version >= 1, first.stdout  # HumanEval/0 gives the 0.5B model a signal
     assert "merged and restarted in" in first.stdout
@@ -50,6 +54,8 @@ def test_merged_versions_are_served_by_restarting_on_merged_weights(tmp_path):
     assert f"serving {latest.model} from {run_dir / 'merged' / f'v{latest.version}'}" in log
     # the trainer had the server's memory: stopped for the step, back on the new version after it
     assert log.index("stopping: training policy v1") < log.index("serving test-merge-v1 from")
+    # from the trainer's step straight to the new weights: no restart on the base for the guard
+    assert "] serving " not in log[log.index("stopping: training policy v1"):log.index("serving test-merge-v1 from")]
 
     # `evolve compare`'s held-out measurement serves it as the run did: merged, by its name
     measured = measure_merged(policy, run_dir, tmp_path / "heldout")
