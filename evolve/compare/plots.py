@@ -42,19 +42,23 @@ def _band_plot(ax, x, b: dict, label: str, colour: str) -> None:
     ax.fill_between(x[:len(med)], lo, hi, color=colour, alpha=0.2, step="post", linewidth=0)
 
 
+def _panels(headline: str, objective: str, of_headline: str) -> list[tuple[str, str]]:
+    """(figure key, axis label) per panel: the headline gets one unless it is the objective."""
+    return [("objective", objective)] + ([("headline", of_headline)] if headline != "objective" else [])
+
+
 def plot_best(fig: dict, names: list[str], headline: str, path: Path) -> Path:
     plt = _plt()
-    f, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for i, name in enumerate(names):
-        data = fig["best_vs_evaluations"][name]
-        x = np.array(data["objective"]["x"])
-        _band_plot(axes[0], x, data["objective"], name, _colour(i))
-        _band_plot(axes[1], x, data["headline"], name, _colour(i))
-    for ax, what in zip(axes, ("best objective", f"{headline} of the best program")):
+    panels = _panels(headline, "best objective", f"{headline} of the best program")
+    f, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (key, what) in zip(axes[0], panels):
+        for i, name in enumerate(names):
+            data = fig["best_vs_evaluations"][name]
+            _band_plot(ax, np.array(data["objective"]["x"]), data[key], name, _colour(i))
         ax.set_xlabel("evaluated candidates")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-    axes[0].legend(title="median, min-max over seeds")
+    axes[0][0].legend(title="median, min-max over seeds")
     return _save(f, path)
 
 
@@ -75,9 +79,10 @@ def _dots(ax, names: list[str], summaries: dict, ylabel: str) -> None:
 
 def plot_final(fig: dict, names: list[str], headline: str, path: Path) -> Path:
     plt = _plt()
-    f, axes = plt.subplots(1, 2, figsize=(10, 4))
-    _dots(axes[0], names, {n: fig["final_best"][n]["objective"] for n in names}, "final best objective")
-    _dots(axes[1], names, {n: fig["final_best"][n]["headline"] for n in names}, f"final best {headline}")
+    panels = _panels(headline, "final best objective", f"final best {headline}")
+    f, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (key, what) in zip(axes[0], panels):
+        _dots(ax, names, {n: fig["final_best"][n][key] for n in names}, what)
     f.suptitle("final best per seed (dots); mean and 95% bootstrap CI (squares)")
     return _save(f, path)
 

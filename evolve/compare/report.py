@@ -535,32 +535,48 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def _own_headline(headline: str) -> bool:
+    """Whether the headline is a column of its own (not the objective itself, as in HumanEval)."""
+    return headline != "objective"
+
+
 def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
+    extra = _own_headline(headline)
     rows = ["## Per policy (mean and 95% bootstrap CI over seeds)", "",
-            f"| policy | seeds | final best objective | final best {headline} | coverage | QD-score | "
-            "valid mutations | diversity (valid answers) | held-out valid | held-out best@k_max | "
-            "held-out pass@k_max | held-out set reward |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| policy | seeds | final best objective | " + (f"final best {headline} | " if extra else "")
+            + "coverage | QD-score | valid mutations | diversity (valid answers) | held-out valid | "
+            "held-out best@k_max | held-out pass@k_max | held-out set reward |",
+            "|---" * (11 + extra) + "|"]
     for n in names:
         fb, ar, co, dv = fig["final_best"][n], fig["archive"][n], fig["cost"][n], fig["diversity"][n]
         ho = fig["heldout"].get(n)
-        rows.append(f"| {n} | {len(fb['seeds'])} | {_ci(fb['objective'])} | {_ci(fb['headline'], 6)} | "
-                    f"{_ci(ar['coverage'], 3)} | {_ci(ar['qd_score'], 3)} | {_ci(co['valid_mutation_rate'], 3)} | "
+        rows.append(f"| {n} | {len(fb['seeds'])} | {_ci(fb['objective'])} | "
+                    + (f"{_ci(fb['headline'], 6)} | " if extra else "")
+                    + f"{_ci(ar['coverage'], 3)} | {_ci(ar['qd_score'], 3)} | {_ci(co['valid_mutation_rate'], 3)} | "
                     f"{_ci(dv['mean'], 4)} | {_ci(ho['valid_rate'], 3) if ho else '-'} | "
                     f"{_ci(ho['best_at_k_max']) if ho else '-'} | {_ci(ho['pass_at_k_max'], 3) if ho else '-'} | "
                     f"{_ci(ho['set_reward'], 4) if ho else '-'} |")
     return rows
 
 
+def _found_at(curve: list) -> int | str:
+    """The evaluation at which the arm's best objective was first reached (0: the seed)."""
+    values = [v for v in curve if v is not None]
+    return curve.index(max(values)) if values else "-"
+
+
 def _arm_table(fig: dict, headline: str) -> list[str]:
+    extra = _own_headline(headline)
     rows = ["## Per arm", "",
-            f"| arm | stopped | evaluations | best objective | best {headline} | best # | valid mutations | "
-            "LLM calls | completion tokens | search wall (s) | training steps | training (s) | coverage | QD-score |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| arm | stopped | evaluations | best objective | " + (f"best {headline} | " if extra else "")
+            + "found at evaluation | best program | valid mutations | LLM calls | completion tokens | "
+            "search wall (s) | training steps | training (s) | coverage | QD-score |",
+            "|---" * (14 + extra) + "|"]
     for m in fig["arms"].values():
         valid = f"{m['applied']}/{m['answers']}"
         rows.append(f"| {m['arm']} | {m['stop_reason']} | {m['evaluations']} | {_f(m['best_objective'])} | "
-                    f"{_f(m['best_headline'], 6)} | {m['best_id']} | {valid} | {m['llm_calls']} | "
+                    + (f"{_f(m['best_headline'], 6)} | " if extra else "")
+                    + f"{_found_at(m['curve_objective'])} | #{m['best_id']} | {valid} | {m['llm_calls']} | "
                     f"{m['completion_tokens']} | {m['wall_s']:.1f} | {m['training_steps']} | "
                     f"{m['training_s']:.1f} | {m['coverage']:.3f} | {m['qd_score']:.3f} |")
     return rows

@@ -162,6 +162,8 @@ def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted
         assert arm["curve_objective"][-1] == pytest.approx(truth["best_objective"])
         assert arm["curve_objective"] == sorted(arm["curve_objective"])
         assert f"| {name} | budget reached | 6 | {truth['best_objective']:.4f} |" in md
+        found = arm["curve_objective"].index(arm["curve_objective"][-1])  # the curve is non-decreasing
+        assert f"| {found} | #{truth['best_id']} |" in md
     # per policy: the median curve and the final best over the two seeds
     for policy in ("alpha", "beta"):
         finals = [fig["arms"][f"{policy}-s{s}"]["best_objective"] for s in (0, 1)]
@@ -572,3 +574,17 @@ def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_p
             "grpo-s0": {"arm": "grpo-s0", "evaluations": 200, "wall_s": 6000.0}}
     assert slowdowns(plan, policies, arms) == {"grpo-s0": pytest.approx(
         {"base": "frozen-s0", "evals_per_min": 2.0, "base_evals_per_min": 10.0, "slowdown": 5.0})}
+
+
+def test_the_arm_table_says_when_the_best_was_found_and_names_the_headline_once():
+    from evolve.compare.report import _arm_table
+
+    arm = {"arm": "a-s0", "stop_reason": "budget reached", "evaluations": 3, "best_objective": 0.5,
+           "best_headline": 0.25, "curve_objective": [0.0, 0.2, 0.5, 0.5], "best_id": 7, "applied": 2,
+           "answers": 3, "llm_calls": 1, "completion_tokens": 10, "wall_s": 1.0, "training_steps": 0,
+           "training_s": 0.0, "coverage": 0.1, "qd_score": 0.2}
+    for headline, columns in (("n26", 15), ("objective", 14)):  # HumanEval's headline is its objective
+        header, rule, row = _arm_table({"arms": {"a-s0": arm}}, headline)[2:]
+        assert header.count("|") == rule.count("|") == row.count("|") == columns + 1
+        assert "| 2 | #7 |" in row  # reached 0.5 at the second evaluation
+        assert ("best n26" in header) == (headline == "n26") and "best objective | best objective" not in header
