@@ -42,14 +42,14 @@ def _band_plot(ax, x, b: dict, label: str, colour: str) -> None:
     ax.fill_between(x[:len(med)], lo, hi, color=colour, alpha=0.2, step="post", linewidth=0)
 
 
-def _panels(headline: str, objective: str, of_headline: str) -> list[tuple[str, str]]:
+def _best_panels(headline: str, objective: str, of_headline: str) -> list[tuple[str, str]]:
     """(figure key, axis label) per panel: the headline gets one unless it is the objective."""
     return [("objective", objective)] + ([("headline", of_headline)] if headline != "objective" else [])
 
 
 def plot_best(fig: dict, names: list[str], headline: str, path: Path) -> Path:
     plt = _plt()
-    panels = _panels(headline, "best objective", f"{headline} of the best program")
+    panels = _best_panels(headline, "best objective", f"{headline} of the best program")
     f, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (key, what) in zip(axes[0], panels):
         for i, name in enumerate(names):
@@ -79,7 +79,7 @@ def _dots(ax, names: list[str], summaries: dict, ylabel: str) -> None:
 
 def plot_final(fig: dict, names: list[str], headline: str, path: Path) -> Path:
     plt = _plt()
-    panels = _panels(headline, "final best objective", f"final best {headline}")
+    panels = _best_panels(headline, "final best objective", f"final best {headline}")
     f, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (key, what) in zip(axes[0], panels):
         _dots(ax, names, {n: fig["final_best"][n][key] for n in names}, what)
