@@ -42,9 +42,15 @@ def _band_plot(ax, x, b: dict, label: str, colour: str) -> None:
     ax.fill_between(x[:len(med)], lo, hi, color=colour, alpha=0.2, step="post", linewidth=0)
 
 
+def own_headline(headline: str) -> bool:
+    """Whether the headline gets a panel (and a column) of its own: not when it is the objective
+    itself, as in HumanEval."""
+    return headline != "objective"
+
+
 def _best_panels(headline: str, objective: str, of_headline: str) -> list[tuple[str, str]]:
-    """(figure key, axis label) per panel: the headline gets one unless it is the objective."""
-    return [("objective", objective)] + ([("headline", of_headline)] if headline != "objective" else [])
+    """(figure key, axis label) per panel."""
+    return [("objective", objective)] + ([("headline", of_headline)] if own_headline(headline) else [])
 
 
 def plot_best(fig: dict, names: list[str], headline: str, path: Path) -> Path:

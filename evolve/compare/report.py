@@ -535,13 +535,8 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def _own_headline(headline: str) -> bool:
-    """Whether the headline is a column of its own (not the objective itself, as in HumanEval)."""
-    return headline != "objective"
-
-
 def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
-    extra = _own_headline(headline)
+    extra = compare_plots.own_headline(headline)
     rows = ["## Per policy (mean and 95% bootstrap CI over seeds)", "",
             "| policy | seeds | final best objective | " + (f"final best {headline} | " if extra else "")
             + "coverage | QD-score | valid mutations | diversity (valid answers) | held-out valid | "
@@ -566,7 +561,7 @@ def _found_at(curve: list) -> int | str:
 
 
 def _arm_table(fig: dict, headline: str) -> list[str]:
-    extra = _own_headline(headline)
+    extra = compare_plots.own_headline(headline)
     rows = ["## Per arm", "",
             "| arm | stopped | evaluations | best objective | " + (f"best {headline} | " if extra else "")
             + "found at evaluation | best program | valid mutations | LLM calls | completion tokens | "
