@@ -283,8 +283,9 @@ def _compare_parser(sub) -> None:
     c.add_argument("problem", type=Path, nargs="?", help="problem YAML (not with --resume)")
     c.add_argument("--policies", type=Path, nargs="+", help="policy YAMLs, e.g. policies/frozen.yaml policies/grpo.yaml")
     _set_arg(c)
-    c.add_argument("--seeds", type=int, help="seeds 0..N-1 for every policy (default: 3); may be changed on "
-                   "--resume: dropped seeds' arms stay on disk, out of the report, and run again if added back")
+    c.add_argument("--seeds", metavar="N|A-B|A,B", help="seeds 0..N-1 for every policy (default: 3), or the "
+                   "seeds themselves (2-2: seed 2 alone); may be changed on --resume: dropped seeds' arms stay "
+                   "on disk, out of the report, and run again if added back")
     c.add_argument("--budget", type=int, help="evaluated candidates per arm (may be raised on --resume)")
     c.add_argument("--out", type=Path, help="comparison directory (default: runs/compare-<problem>-<time>); "
                    "an existing one with the same settings is resumed")

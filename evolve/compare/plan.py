@@ -97,7 +97,7 @@ class Plan:
         return cls(dir=Path(directory), **json.loads(path.read_text()))
 
 
-def new_plan(args) -> Plan:
+def new_plan(args, seeds: list[int] | None = None) -> Plan:
     """The plan the command line asks for; snapshots of the policies are written on first use."""
     problem = load_problem(args.problem, args.set)
     policies = [load_policy(p) for p in args.policies]
@@ -113,10 +113,33 @@ def new_plan(args) -> Plan:
                 policies=[{"name": p.name, "source": str(Path(path).resolve()),
                            "path": str((out / "policies" / f"{p.name}.yaml").resolve())}
                           for p, path in zip(policies, args.policies)],
-                seeds=list(range(args.seeds or DEFAULT_SEEDS)), budget=args.budget, max_llm_calls=args.max_llm_calls,
+                seeds=seeds or list(range(DEFAULT_SEEDS)), budget=args.budget, max_llm_calls=args.max_llm_calls,
                 heldout={"parents": args.heldout_parents, "samples": args.heldout_samples, "k_max": k_max,
                          "skip": args.skip_heldout, **_versions(args.heldout_versions),
                          "from": [str(Path(d).resolve()) for d in args.heldout_from or []]})
+
+
+def parse_seeds(text: str | int | None) -> list[int] | None:
+    """--seeds: N (seeds 0..N-1), or the seeds themselves: `1,2` or `1-2`. A seed of its own lets a
+    later seed run without the earlier ones (on another machine, or after a machine was lost);
+    its held-out parents then come from its own frozen arms."""
+    if text is None:
+        return None
+    text = str(text).strip()
+    try:
+        if text.isdigit():
+            seeds = list(range(int(text)))
+        elif "-" in text:
+            first, last = (int(part) for part in text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        seeds = None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise CompareError(f"--seeds {text}: expected a count N (seeds 0..N-1, at least 1), a range such as "
+                           "1-2, or distinct seeds such as 0,2")
+    return sorted(seeds)
 
 
 def _versions(asked: int | None) -> dict:
@@ -124,12 +147,12 @@ def _versions(asked: int | None) -> dict:
     return {"all_versions": asked is not None, "up_to": asked or None}
 
 
-def start_or_resume(wanted: Plan, seeds: int | None = None) -> Plan:
+def start_or_resume(wanted: Plan, seeds: list[int] | None = None) -> Plan:
     """Write a new comparison, or check that an existing one is the same comparison.
 
     The budget may be raised (every arm then continues to it), seeds added or dropped, held-out
     settings changed (the pools are measured again). Anything else is a different comparison: a new --out.
-    seeds: the number asked for, None to keep the stored plan's.
+    seeds: the seeds asked for (parse_seeds), None to keep the stored plan's.
     """
     path = wanted.dir / COMPARE_FILE
     if not path.exists():
@@ -152,13 +175,13 @@ def start_or_resume(wanted: Plan, seeds: int | None = None) -> Plan:
     return amend(stored, wanted.budget, wanted.heldout, seeds)
 
 
-def amend(plan: Plan, budget: int | None, heldout: dict | None = None, seeds: int | None = None) -> Plan:
+def amend(plan: Plan, budget: int | None, heldout: dict | None = None, seeds: list[int] | None = None) -> Plan:
     """Raise the budget, change the held-out settings or the number of seeds. An arm is one seed's,
     so dropping seeds (to report the ones done) or adding them back changes no other arm."""
     if budget is not None and budget < plan.budget:
         raise CompareError(f"{plan.dir} has a budget of {plan.budget}; it can be raised, not lowered")
     plan.budget = budget or plan.budget
-    plan.seeds = list(range(seeds)) if seeds else plan.seeds
+    plan.seeds = seeds or plan.seeds
     plan.heldout = heldout or plan.heldout
     plan.save()
     return plan
@@ -452,19 +475,18 @@ def compare(args, view=None) -> int:
 def _compare(args, view) -> int:
     from evolve.compare.report import write_report
 
-    if getattr(args, "seeds", None) is not None and args.seeds < 1:
-        raise CompareError(f"--seeds {args.seeds}: at least 1")
+    seeds = parse_seeds(getattr(args, "seeds", None))
     if args.resume:
         plan = Plan.load(args.resume)
         extra = [str(Path(d).resolve()) for d in getattr(args, "heldout_from", None) or []]
         held = {**plan.heldout, "from": sorted(set(plan.heldout.get("from", [])) | set(extra))}
         if (asked := getattr(args, "heldout_versions", None)) is not None:  # may be asked for once the arms are done
             held.update(_versions(asked))
-        plan = amend(plan, args.budget, held, getattr(args, "seeds", None))
+        plan = amend(plan, args.budget, held, seeds)
     else:
         if args.problem is None or not args.policies or args.budget is None:
             raise CompareError("give PROBLEM, --policies and --budget (or --resume DIR)")
-        plan = start_or_resume(new_plan(args), args.seeds)
+        plan = start_or_resume(new_plan(args, seeds), seeds)
     arms = plan.arms()
     say = _say
     say(f"comparison {plan.dir}: {len(arms)} arms ({', '.join(p['name'] for p in plan.policies)} x seeds "

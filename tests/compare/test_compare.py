@@ -288,6 +288,25 @@ def test_seeds_can_be_dropped_to_report_those_done_and_added_back(scripted):
     assert main(resume + ["--seeds", "0"]) == 2
 
 
+def test_a_later_seed_runs_on_its_own(scripted):
+    # e.g. on another machine, or after the one that ran seed 0 was lost: seed 0 does not run again
+    assert main(compare_args(scripted, "--seeds", "1-1", "--budget", 3, "--skip-heldout")) == 0
+    assert sorted(p.name for p in (scripted.out / "arms").iterdir()) == ["alpha-s1", "beta-s1"]
+    fig = json.loads((scripted.out / "report" / "figures.json").read_text())
+    assert fig["settings"]["seeds"] == [1] and sorted(fig["arms"]) == ["alpha-s1", "beta-s1"]
+    resume = ["compare", "--resume", str(scripted.out), "--no-dashboard", "--report-only"]
+    assert main(resume + ["--seeds", "0,2"]) == 0
+    assert json.loads((scripted.out / "compare.json").read_text())["seeds"] == [0, 2]
+
+
+@pytest.mark.parametrize("text", ["0", "2-1", "1,1", "a", "-1", "1-"])
+def test_seeds_that_mean_nothing_get_one_message(text):
+    with pytest.raises(compare.CompareError, match=r"--seeds .*: expected a count N"):
+        compare.parse_seeds(text)
+    assert compare.parse_seeds("3") == [0, 1, 2] and compare.parse_seeds("2-3") == [2, 3]
+    assert compare.parse_seeds("2,0") == [0, 2]
+
+
 def compare_cli(tmp_path) -> Path:
     """`evolve` whose compare runs its arms with the scripted LLM (for tests of a whole process)."""
     script = tmp_path / "compare_cli.py"
