@@ -17,7 +17,7 @@ any run's budget or training data. The pools go to COMPARE_DIR/heldout/<arm>.jso
 version) and <arm>@v<N>.json (the earlier ones), written after each parent so an interrupted
 measurement resumes where it stopped.
 
-Cost, on two CPU cores: a pool of 8 parents x 30 answers is about 20 minutes. So a version is
+Cost, on two CPU cores: a pool of 8 parents x 30 answers was about 20 minutes. So a version is
 served as its run served it (merged into the weights where the run merged: through a LoRA the
 server runs at half speed), and a frozen policy is measured once: every request seed is the same
 for every arm, so its other seeds' arms would get the same answers again (`share_pool`).
@@ -46,6 +46,9 @@ from evolve.store.database import code_hash
 from evolve.store.schema import Cell, PolicyVersion, Program, Run
 
 SALT = 0x6E1D  # request seeds of held-out calls: the same for every arm, apart from the runs'
+# How a pool is sampled; a pool sampled otherwise (two calls of 8 before 2026-11) is measured
+# again, so that every pool of a comparison answers the same request with the same seed.
+SAMPLING = "one call per parent"
 
 
 # ---- choosing the parents -----------------------------------------------------------------------
@@ -146,35 +149,32 @@ class Settings:
     parents_digest: str
 
     def matches(self, record: dict) -> bool:
-        return record.get("samples") == self.samples and record.get("parents_digest") == self.parents_digest
+        return (record.get("samples") == self.samples and record.get("parents_digest") == self.parents_digest
+                and record.get("sampling") == SAMPLING)
 
 
-def call_sizes(samples: int, answers_per_completion: int, group_size: int) -> list[int]:
-    """Completions per call: ceil(n / m) completions in calls of at most the group size.
-
-    A VPO completion holds m answers, so a pool of n answers costs every arm the same n
-    evaluations (the fair budget of docs/design.md §8), not the same number of completions.
-    """
-    completions = math.ceil(samples / answers_per_completion)
-    full, rest = divmod(completions, group_size)
-    return [group_size] * full + ([rest] if rest else [])
+def completions(samples: int, answers_per_completion: int) -> int:
+    """ceil(n / m): a VPO completion holds m answers, so a pool of n answers costs every arm the
+    same n evaluations (the fair budget of docs/design.md §8), not the same number of completions."""
+    return math.ceil(samples / answers_per_completion)
 
 
 async def sample_answers(client, problem: Problem, policy: Policy, parent: dict, parent_index: int,
                          samples: int) -> tuple[list[str | None], int]:
-    """n answers for one parent (None: a slot the completion left empty), and tokens spent."""
+    """n answers for one parent (None: a slot the completion left empty), and tokens spent.
+
+    One call per parent: on two CPU cores a call of n = 16 generates 1.7x the tokens/s of a
+    call of 8 (tests/benchmarks/serving.py --batches), and one seeded request is batched the
+    same in every run, where two could be batched differently from run to run."""
     m = policy.answers
     inspirations = [ProgramText.of(i) for i in parent["inspirations"]]
     messages, _ = pipeline.prompt(problem, policy, ProgramText.of(parent), inspirations, parent_index)
+    sample = await client.sample(messages, completions(samples, m), seed=pipeline.request_seed(SALT, parent_index, 0))
     answers: list[str | None] = []
-    tokens = 0
-    for call_index, size in enumerate(call_sizes(samples, m, policy.sampling.group_size)):
-        sample = await client.sample(messages, size, seed=pipeline.request_seed(SALT, parent_index, call_index))
-        tokens += sample.completion_tokens or 0
-        for text in sample.texts:
-            parts = pipeline.answers(text, m)
-            answers += parts + [None] * (m - len(parts))  # a missing answer is a failed one
-    return answers[:samples], tokens
+    for text in sample.texts:
+        parts = pipeline.answers(text, m)
+        answers += parts + [None] * (m - len(parts))  # a missing answer is a failed one
+    return answers[:samples], sample.completion_tokens or 0
 
 
 async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
@@ -269,7 +269,8 @@ def _load(out: Path, arm: dict, settings: Settings) -> dict:
     version = arm["version"]
     fresh = {"arm": arm["name"], "policy_version": version["version"], "model": version["model"],
              "adapter_path": version["adapter_path"], "run_evaluations": arm["evaluations"],
-             "samples": settings.samples, "parents_digest": settings.parents_digest, "parents": {}}
+             "samples": settings.samples, "parents_digest": settings.parents_digest, "sampling": SAMPLING,
+             "parents": {}}
     if out.exists():
         old = json.loads(out.read_text())
         same_arm = all(old.get(k) == fresh[k] for k in ("policy_version", "run_evaluations"))

@@ -12,6 +12,11 @@ a server restart for every published version. This measures both on the shipped 
 3. A plain server on the merged weights: start-up seconds and tokens/s.
 It prints the generation time per answer both ways and the answers a version must serve
 before merging has paid for its merge and restart.
+
+    python tests/benchmarks/serving.py --batches 8 16
+
+only measures the base model's tokens/s for one call of each n (why a held-out pool asks
+for its n answers in one call).
 """
 from __future__ import annotations
 
@@ -70,6 +75,14 @@ def tokens_per_s(server: VLLMServer, model: str, n: int, max_tokens: int, repeat
     return sorted(rates)[len(rates) // 2]
 
 
+def batches(model_dir: Path, args, settings: Server) -> None:
+    with tempfile.TemporaryDirectory() as tmp, VLLMServer(model_dir, args.model, settings, Path(tmp) / "log") as srv:
+        for n in args.batches:
+            rate = tokens_per_s(srv, args.model, n, args.max_tokens, args.repeats)
+            print(f"n={n:3d}  {rate:6.1f} tok/s  (one call, {args.max_tokens} tokens per answer, "
+                  f"median of {args.repeats})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -77,9 +90,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", metavar="N", help="only the base model's tokens/s at these n")
     args = ap.parse_args()
     model_dir = ensure_model(args.model)
     settings = Server(port=PORT, max_model_len=4096, extra_args=["--enforce-eager"])
+    if args.batches:
+        return batches(model_dir, args, settings)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         adapter = make_adapter(model_dir, args.rank, tmp / "adapter")

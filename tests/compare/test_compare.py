@@ -6,6 +6,7 @@ Fast tests run the real engine (controller, SQLite, process sandbox, scorer) in 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from evolve.compare import plan as compare
 from evolve.compare import report as compare_report
 from evolve.compare import stats
 from evolve.config import Server, load_policy, load_problem
+from evolve.mutation import pipeline
 from evolve.rl import heldout
 from evolve.rundir import DONE
 from evolve.serving.models import ensure_model
@@ -415,10 +417,36 @@ def test_heldout_versions_are_every_earlier_one_or_those_up_to_n():
     assert parse(["compare"]).heldout_versions is None
 
 
-def test_call_sizes_give_every_arm_n_answers():
-    assert heldout.call_sizes(30, 1, 8) == [8, 8, 8, 6]
-    assert heldout.call_sizes(30, 3, 8) == [8, 2]  # VPO: 10 completions of 3 answers
-    assert heldout.call_sizes(4, 3, 8) == [2]  # 6 answers, the pool keeps the first 4
+@pytest.mark.parametrize("policy_file, completions", [("frozen.yaml", 16), ("frozen_m3.yaml", 6)])
+def test_a_pool_is_one_seeded_call_per_parent_of_n_answers(tmp_path, policy_file, completions):
+    # one call: n = 16 generates 1.5x the tokens/s of two calls of 8 on a CPU server, and one
+    # seeded request is not batched differently from run to run; VPO: ceil(16 / 3) completions
+    asked = []
+
+    class Recording(ScriptedClient):
+        async def sample(self, messages, n, seed=None):
+            asked.append((n, seed))
+            return await super().sample(messages, n, seed)
+
+    problem = load_problem(write_problem(tmp_path, 4))
+    policy = load_policy(ROOT / "policies" / policy_file)
+    parent = {"code": problem.seed_code(), "status": "ok", "objective": 0.5, "headline": 0.5, "fitness": {},
+              "inspirations": []}
+    answers, tokens = asyncio.run(heldout.sample_answers(Recording(), problem, policy, parent, 3, 16))
+    assert asked == [(completions, pipeline.request_seed(heldout.SALT, 3, 0))]
+    assert len(answers) == 16 and tokens == 60 * completions
+
+
+def test_a_pool_sampled_another_way_is_measured_again(tmp_path):
+    settings = heldout.Settings(16, "digest")
+    arm = {"name": "a-s0", "evaluations": 200, "version": {"version": 1, "model": "v1", "adapter_path": "x"}}
+    out = tmp_path / "a-s0.json"
+    record = heldout._load(out, arm, settings)
+    record["parents"]["p1"] = {"answers": []}
+    out.write_text(json.dumps(record))
+    assert heldout._load(out, arm, settings)["parents"] == {"p1": {"answers": []}}  # resumed
+    out.write_text(json.dumps({**record, "sampling": None}))  # written by the two-call sampling
+    assert heldout._load(out, arm, settings)["parents"] == {}
 
 
 def test_equal_updates_reads_each_training_arm_after_the_fewest_steps_any_made():
