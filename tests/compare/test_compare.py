@@ -419,7 +419,7 @@ def test_heldout_versions_are_every_earlier_one_or_those_up_to_n():
 
 @pytest.mark.parametrize("policy_file, completions", [("frozen.yaml", 16), ("frozen_m3.yaml", 6)])
 def test_a_pool_is_one_seeded_call_per_parent_of_n_answers(tmp_path, policy_file, completions):
-    # one call: n = 16 generates 1.5x the tokens/s of two calls of 8 on a CPU server, and one
+    # one call: n = 16 generates 1.7x the tokens/s of two calls of 8 on a CPU server, and one
     # seeded request is not batched differently from run to run; VPO: ceil(16 / 3) completions
     asked = []
 
