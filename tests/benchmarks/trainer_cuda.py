@@ -9,6 +9,13 @@ on `cuda` and on `cpu` from the same LoRA initialisation and the same synthetic 
 
 Prints the log-prob gap between the two devices before and after one step (bf16 kernels
 differ, so it is small, not zero), the step's statistics and its seconds on each device.
+
+    python tests/benchmarks/trainer_cuda.py --config-dir DIR --steps policies/grpo.yaml policies/vpo.yaml
+
+also times, on cuda only, one training step of each policy's own settings at the size its
+steps have in `runs/compare-he141` (HumanEval/141 on this CPU: GRPO 6 groups of 8 answers of
+~350 tokens, VPO 2 groups of 8 completions of ~900 tokens, prompts of ~2,350 tokens), to
+price what the trainer costs per step on a GPU against the CPU's 450-750 s.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from evolve.config import Train
+from evolve.config import Train, load_policy
 from evolve.rl.trainer import Sequence, Trainer
 
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -62,15 +69,56 @@ def measure(model_dir: Path, device: str) -> dict:
     return {"before": before, "after": after, "stats": stats, "seconds": seconds, "peak_mb": peak}
 
 
+# A step's size in runs/compare-he141 (sqlite: avg prompt_tokens, completion_tokens / n per call).
+STEP_SHAPE = {"grpo": (6, 2350, 350), "vpo": (2, 2350, 900)}  # groups, prompt, mean completion
+
+
+def real_groups(vocab: int, groups: int, prompt: int, mean: int, cap: int) -> list[Sequence]:
+    """Groups of 8 with a run's lengths: completions spread 0.75-1.25x the mean, at most `cap`."""
+    g = torch.Generator().manual_seed(2)
+    lengths = lambda: [min(cap, int(mean * (0.75 + 0.5 * torch.rand(1, generator=g).item()))) for _ in range(8)]  # noqa: E731
+    return [Sequence(torch.randint(0, vocab, (prompt,), generator=g),
+                     [torch.randint(0, vocab, (n,), generator=g) for n in lengths()],
+                     torch.randn(8, generator=g)) for _ in range(groups)]
+
+
+def time_steps(model_dir: Path, policy_path: Path, repeats: int = 2) -> None:
+    """One step at a policy's own settings and a run's step size, on cuda; the first warms up."""
+    policy = load_policy(policy_path)
+    train = policy.train.model_copy(update={"device": "cuda", "seed": 0})
+    trainer = Trainer(model_dir, train, temperature=policy.sampling.temperature)
+    groups, prompt, mean = STEP_SHAPE[train.algorithm]
+    seqs = real_groups(trainer.model.config.vocab_size, groups, prompt, mean, policy.sampling.max_tokens)
+    for i in range(repeats):
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        started = time.time()
+        stats = trainer.step(seqs)
+        torch.cuda.synchronize()
+        print(f"{policy.name} step {i + 1}/{repeats} on cuda: {time.time() - started:.2f} s, {stats.rollouts} rollouts, "
+              f"{stats.tokens} completion tokens, loss {stats.loss:+.4f}, "
+              f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    del trainer
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config-dir", type=Path, required=True, help="config.json and tokenizer files")
+    ap.add_argument("--steps", type=Path, nargs="*", default=[], help="policy files to time a step of")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no GPU: torch.cuda.is_available() is False")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = random_model(args.config_dir, Path(tmp))
         cuda, cpu = measure(model_dir, "cuda"), measure(model_dir, "cpu")
+        report(cuda, cpu)
+        for path in args.steps:
+            time_steps(model_dir, path)
+
+
+def report(cuda: dict, cpu: dict) -> None:
     for when in ("before", "after"):
         gap = (cuda[when] - cpu[when]).abs()
         print(f"log-prob gap cuda vs cpu {when} the step: mean {gap.mean():.4f}, max {gap.max():.4f} nats")
