@@ -9,7 +9,8 @@ with the same request seeds, every answer is applied and scored in the sandbox, 
 version is refused when its valid-answer rate or its improving rate (children that beat their
 parent) falls below its predecessor's by more than `train.guard.margin`. A predecessor is
 measured once, before the step, while the server still serves it; its rates are kept for the
-next check. Each version is measured as the run serves it (merged into the weights on a CPU,
+next check, and in the step's record with the parents' ids, so a resumed run measures only its
+next version too (on this CPU a measure is 32 answers, 5-6 min). Each version is measured as the run serves it (merged into the weights on a CPU,
 where a LoRA halves generation), so the guard costs half what LoRAs on the base weights did
 and needs no restart of its own.
 
@@ -54,9 +55,18 @@ class Guard:
         pool = self.db.unasked_elites()
         rng = np.random.default_rng([self.db.run_seed(), SALT])
         picked = sorted(rng.choice(len(pool), size=min(self.settings.parents, len(pool)), replace=False))
-        return [{"id": pool[i].id, "code": pool[i].code, "status": "ok", "objective": pool[i].objective,
-                 "headline": pool[i].headline, "fitness": pool[i].fitness, "error": pool[i].error,
-                 "inspirations": []} for i in picked]
+        return [_parent(pool[i]) for i in picked]
+
+    def restore(self, record: dict | None) -> None:
+        """After a resume: the parents and the serving version's rates of the last check (a
+        record written before parent ids were kept restores nothing: both are chosen and measured
+        again)."""
+        programs = [self.db.get(pid) for pid in (record or {}).get("parent_ids", [])]
+        if not programs or None in programs:
+            return
+        self.parents = [_parent(p) for p in programs]
+        serving = record["after"] if record["ok"] else record["before"]
+        self.measured = {serving["version"]: Rates(**serving)}
 
     async def measure(self, client: Sampler, model: str, version: int, evaluator: Evaluator) -> Rates:
         """The version's answers for every guard parent, applied and scored (same seeds for all)."""
@@ -102,6 +112,14 @@ class Guard:
         if not worse:
             self.measured[new[0]] = after
         return {"ok": not worse, "margin": margin, "parents": len(self.parents or []),
+                "parent_ids": [p["id"] for p in self.parents or []],
                 "why": ("worse than v%d by more than %.2f: %s" % (old, margin, "; ".join(worse))) if worse
                        else f"not worse than v{old} (margin {margin:.2f})",
                 "before": asdict(before), "after": asdict(after)}
+
+
+def _parent(program) -> dict:
+    """A held-out parent as the prompt and the scorer take it (no inspirations: same for all)."""
+    return {"id": program.id, "code": program.code, "status": "ok", "objective": program.objective,
+            "headline": program.headline, "fitness": program.fitness, "error": program.error,
+            "inspirations": []}

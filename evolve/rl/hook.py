@@ -92,6 +92,8 @@ class RLHook:
     async def resume(self, client: Sampler) -> None:
         """Serve the run's latest adapter again (a fresh server knows none)."""
         current = self.db.policy_version()
+        if self.guard is not None:
+            self.guard.restore(self.db.last_guard())
         if self.serve == "merge":
             took = await self._serve(current)
             client.model = current.model if current.version > 0 else self.policy.model

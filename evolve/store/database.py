@@ -36,6 +36,7 @@ from evolve.store.schema import (
     PolicyVersion,
     Program,
     Run,
+    TrainingStep,
     Tuning,
     Turn,
 )
@@ -457,6 +458,12 @@ class ProgramDatabase:
 
     def rollout_rows(self, version: int | None = None, logprobs: bool = False) -> "RolloutRows":
         return rollout_rows(self.session, self.run_id, version, logprobs)
+
+    def last_guard(self) -> dict | None:
+        """The guard's record of the run's latest training step that has one."""
+        records = self.session.scalars(select(TrainingStep.guard).where(TrainingStep.run_id == self.run_id)
+                                       .order_by(TrainingStep.id.desc()))
+        return next((r for r in records if r), None)
 
     def unasked_elites(self) -> list[Program]:
         """Elites that no LLM call had as its parent, and no copy of the seed."""

@@ -392,6 +392,19 @@ async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, mo
     assert seen == ["stop", "train", "serve grpo-v1", "measure grpo-v1"]
     assert db.policy_version().version == 1 and client.model == "grpo-v1"
 
+    # A resumed run keeps the guard's parents and v1's rates: its next step measures v2 only.
+    again = _hook(tmp_path, db, "grpo")
+    again.serve = "merge"
+    monkeypatch.setattr(again, "_serve", serve)
+    monkeypatch.setattr(again.guard, "measure", measure)
+    await again.resume(client)
+    assert [p["id"] for p in again.guard.parents] == [1] * again.guard.settings.parents
+    assert again.guard.parents[0]["code"] == db.get(1).code
+    assert again.guard.measured == {1: Rates(1, 8, 0.45, 0.45, 1.0)}
+    seen.clear()
+    assert await again.guard.prepare(client, (1, "grpo-v1"), evaluator=object())
+    assert seen == [], "v1 was measured before the resume: not again"
+
 
 async def test_no_held_out_parent_yet_means_no_training_yet(tmp_path):
     """A new version that the guard cannot measure would not be served: its step is not trained
