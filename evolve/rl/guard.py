@@ -61,7 +61,9 @@ class Guard:
         """After a resume: the parents and the serving version's rates of the last check (a
         record written before parent ids were kept restores nothing: both are chosen and measured
         again)."""
-        programs = [self.db.get(pid) for pid in (record or {}).get("parent_ids", [])]
+        if not record:
+            return
+        programs = [self.db.get(pid) for pid in record.get("parent_ids", [])]
         if not programs or None in programs:
             return
         self.parents = [_parent(p) for p in programs]
