@@ -10,9 +10,9 @@ version is refused when its valid-answer rate or its improving rate (children th
 parent) falls below its predecessor's by more than `train.guard.margin`. A predecessor is
 measured once, before the step, while the server still serves it; its rates are kept for the
 next check, and in the step's record with the parents' ids, so a resumed run measures only its
-next version too (on this CPU a measure is 32 answers, 5-6 min). Each version is measured as the run serves it (merged into the weights on a CPU,
-where a LoRA halves generation), so the guard costs half what LoRAs on the base weights did
-and needs no restart of its own.
+next version too (a measure is 32 answers: 4-10 min on this CPU). Each version is measured as
+the run serves it (merged into the weights on a CPU, where a LoRA halves generation), so the
+guard costs half what LoRAs on the base weights did and needs no restart of its own.
 
 The answers the guard asks for are not part of the run: they are not stored, trained on or
 counted in the budget. Their cost (answers, seconds) is recorded with the training step.
