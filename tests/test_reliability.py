@@ -222,7 +222,7 @@ def test_kill_9_twenty_times_loses_nothing_and_the_run_finishes(tmp_path, docker
     assert all(archive(db).get(pid) == row for pid, row in kept.items())
     assert done(db) == budget, "the run did not finish its budget"
     # Children a kill left pending were evaluated first by the next session (no code is lost).
-    redone = [e["fields"]["pending"] for e in events(run_dir) if e["kind"] == "resume"]
+    redone = [e["fields"]["pending"] for e in events(run_dir) if e["kind"] == "resume" and e["fields"]["pending"]]
     assert pending_at_kill >= 3 and len(redone) >= 3, (pending_at_kill, redone)
     assert progress[-1] > progress[0], progress
     assert owned_containers(pids) == [], "containers of killed runs were left behind"
@@ -309,10 +309,15 @@ def test_a_database_locked_by_another_process_stops_the_run_and_it_resumes(tmp_p
     assert "Traceback" not in out, out
     check_consistent(db)
     assert all(archive(db).get(pid) == row for pid, row in kept.items())
+    stopped_at = done(db)
     resumed = finish(command)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     check_consistent(db)
     assert done(db) == budget
+    # The resume says where it went on from, pending children or not.
+    said = [e for e in events(run_dir) if e["kind"] == "resume"]
+    assert len(said) == 1 and said[0]["fields"]["evaluations"] == stopped_at, said
+    assert said[0]["message"] in resumed.stdout, resumed.stdout
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------

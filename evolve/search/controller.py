@@ -109,8 +109,10 @@ class Controller:
         self.rng = np.random.default_rng([self.seed, self.base_calls])
         self._replay_turns()
         try:
+            resumed = bool(self.db.count())  # an archive to go on from: a resume
             await self._ensure_seed()
-            await self._resume_pending()
+            if resumed:
+                await self._resume()
             if self.hook is not None:
                 await self.hook.resume(self.client)
             search = self.problem.search
@@ -195,11 +197,14 @@ class Controller:
             else:
                 self._spawn(self._tune(first))  # the seed is the first best of its island
 
-    async def _resume_pending(self) -> None:
+    async def _resume(self) -> None:
+        """Say where the run goes on from (every time, not only when children wait), then
+        evaluate what a stopped session left pending."""
         pending = self.db.pending()
+        first = f"; evaluating {len(pending)} pending children first" if pending else ""
+        self.emit("resume", f"resume: {self.base_evals} evaluations and {self.base_calls} LLM calls "
+                  f"done{first}", pending=len(pending), evaluations=self.base_evals, calls=self.base_calls)
         if pending:
-            self.emit("resume", f"resume: evaluating {len(pending)} pending children first",
-                      pending=len(pending))
             await self._evaluate_group(list(pending))
 
     # ---- generation ----------------------------------------------------------------------
