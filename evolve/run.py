@@ -60,7 +60,7 @@ def run_search(run_dir: Path, spec: dict, screen=None, server: tuple | None = No
             db.close()
             if not wait_for_database(spec["db_url"], report):
                 return reason
-            report(Event("resume", "resuming the run on the database that is back", {}))
+            # the next session's controller says where it goes on from ("resume")
             db = open_database(spec, problem, policy, run_dir)
 
 

@@ -109,10 +109,10 @@ class Controller:
         self.rng = np.random.default_rng([self.seed, self.base_calls])
         self._replay_turns()
         try:
-            resumed = bool(self.db.count())  # an archive to go on from: a resume
-            await self._ensure_seed()
-            if resumed:
+            if self.db.count():  # an archive to go on from
                 await self._resume()
+            else:
+                await self._seed()
             if self.hook is not None:
                 await self.hook.resume(self.client)
             search = self.problem.search
@@ -172,9 +172,7 @@ class Controller:
         return max(b.wall_time_s - self.past_wall - (time.time() - self.stats.started), 0.0)
 
     # ---- seed and pending ----------------------------------------------------------------
-    async def _ensure_seed(self) -> None:
-        if self.db.count():
-            return
+    async def _seed(self) -> None:
         code = self.problem.seed_code()
         seed = Program(code=code, island=0, origin="seed", generation=0, status="pending")
         started = time.time()
