@@ -308,6 +308,9 @@ def _compare_parser(sub) -> None:
     c.add_argument("--tuning", action="store_true", help="keep the problem's in-the-loop tuning on in every "
                    "arm (off by default: the comparison is about the mutator)")
     c.add_argument("--report-only", action="store_true", help="only rewrite the report from what is there")
+    c.add_argument("--merge", type=Path, nargs="+", metavar="REPORT", help="one report, in --out, from the "
+                   "reports of one comparison's seeds run apart (comparison directories, report folders or "
+                   "figures.json files)")
     _dashboard_arg(c)
     c.set_defaults(func=cmd_compare)
 

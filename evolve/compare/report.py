@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+from hashlib import sha256
 from itertools import combinations
 from pathlib import Path
 
@@ -262,11 +263,10 @@ def rolling(values: list[float | None], window: int = SMOOTH) -> list[float | No
     return out
 
 
-def figures(plan, arms_metrics: list[dict], heldout: dict[str, dict | None]) -> dict:
+def figures(names: list[str], budget: int, arms_metrics: list[dict], heldout: dict[str, dict | None]) -> dict:
     """The data of every figure, per policy over its seeds."""
-    names = [p["name"] for p in plan.policies]
     groups = by_policy(arms_metrics, names)
-    length = plan.budget + 1
+    length = budget + 1
     fig = {"best_vs_evaluations": {}, "final_best": {}, "heldout": {}, "diversity": {}, "archive": {},
            "cost": {}}
     for name, ms in groups.items():
@@ -441,34 +441,48 @@ def _rate(counts: dict, base: dict | None, what: str) -> dict:
 
 
 # ---- the report -------------------------------------------------------------------------------------
+# What a report is made from: everything measured, per arm. figures.json keeps all of it, so
+# reports of the same comparison's seeds, run apart, can be merged into one (evolve/compare/merge.py).
+MEASURED = ("arms", "heldout_arms", "baselines", "versions", "slowdown", "settings")
+
+
 def write_report(plan, arms, out: Path) -> Path:
     """Read every arm, write figures.json, the PNGs and report.md into `out`; returns report.md."""
     problem = load_problem(plan.problem, plan.sets)
-    names = [p["name"] for p in plan.policies]
     present = [a for a in arms if RunDir(a.dir).exists() and _has_db(a)]
-    metrics = [read_arm(a, problem) for a in present]
+    metrics = {m["arm"]: m for m in (read_arm(a, problem) for a in present)}
     parents = _parents(plan)
-    heldout = {a.name: read_heldout(plan.dir / "heldout" / f"{a.name}.json", parents, plan.heldout["k_max"])
-               for a in present}
-    fig = figures(plan, metrics, heldout)
-    fig["arms"] = {m["arm"]: m for m in metrics}
-    fig["heldout_arms"] = heldout
-    fig["verdicts"] = verdicts(fig, names)
     policies = [load_policy(p["path"]) for p in plan.policies]
-    fig["baselines"] = baselines(policies)
-    fig["versions"] = version_quality(plan, policies, parents)
+    settings = {"problem": problem.name, "headline": problem.headline, "sets": plan.sets,
+                "policies": [p["name"] for p in plan.policies],
+                "policy_sha256": {p["name"]: sha256(Path(p["path"]).read_bytes()).hexdigest() for p in plan.policies},
+                "seeds": plan.seeds, "budget": plan.budget, "max_llm_calls": plan.max_llm_calls,
+                "heldout": plan.heldout,
+                "parent_sets": [{"seeds": plan.seeds, "parents": [
+                    {k: p[k] for k in ("key", "source", "objective", "headline", "held_out")} for p in parents]}],
+                "sources": [{"dir": str(plan.dir), "seeds": plan.seeds}],
+                "arms_missing": [a.name for a in arms if a not in present]}
+    return render({"arms": metrics,
+                   "heldout_arms": {a.name: read_heldout(plan.dir / "heldout" / f"{a.name}.json", parents,
+                                                         plan.heldout["k_max"]) for a in present},
+                   "baselines": baselines(policies), "versions": version_quality(plan, policies, parents),
+                   "slowdown": slowdowns(plan, policies, metrics), "settings": settings}, out)
+
+
+def render(measured: dict, out: Path) -> Path:
+    """figures.json, the PNGs and report.md in `out` from what was measured (MEASURED): one
+    comparison's, or several merged. Returns report.md."""
+    settings = measured["settings"]
+    names = settings["policies"]
+    fig = figures(names, settings["budget"], list(measured["arms"].values()), measured["heldout_arms"])
+    fig.update(measured)
+    fig["verdicts"] = verdicts(fig, names)
     fig["learning_bar"] = learning_bar(fig["versions"])
-    fig["slowdown"] = slowdowns(plan, policies, fig["arms"])
-    fig["settings"] = {"problem": problem.name, "policies": names, "seeds": plan.seeds, "budget": plan.budget,
-                       "max_llm_calls": plan.max_llm_calls, "heldout": plan.heldout,
-                       "heldout_parents": [{k: p[k] for k in ("key", "source", "objective", "headline", "held_out")}
-                                           for p in parents],
-                       "arms_missing": [a.name for a in arms if a not in present]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "figures.json").write_text(json.dumps(fig, indent=1, default=_json) + "\n")
-    plots = compare_plots.draw_all(fig, names, problem.headline, out)
+    plots = compare_plots.draw_all(fig, names, settings["headline"], out)
     path = out / "report.md"
-    path.write_text(markdown(plan, problem, fig, plots))
+    path.write_text(markdown(fig, plots))
     return path
 
 
@@ -499,12 +513,13 @@ def _ci(s: dict, digits: int = 4) -> str:
     return f"{s['mean']:.{digits}f} [{s['ci95'][0]:.{digits}f}, {s['ci95'][1]:.{digits}f}]"
 
 
-def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
-    names = fig["settings"]["policies"]
-    lines = [f"# evolve compare: {problem.name}", "",
-             f"Policies {', '.join(names)}; seeds {plan.seeds}; budget {plan.budget} evaluated candidates per arm"
-             + (f" (at most {plan.max_llm_calls} LLM calls)" if plan.max_llm_calls else "") + ". "
-             f"Headline: {problem.headline}. Comparison directory: `{plan.dir}`.", ""]
+def markdown(fig: dict, plots: list[Path]) -> str:
+    s = fig["settings"]
+    names, headline = s["policies"], s["headline"]
+    lines = [f"# evolve compare: {s['problem']}", "",
+             f"Policies {', '.join(names)}; seeds {s['seeds']}; budget {s['budget']} evaluated candidates per arm"
+             + (f" (at most {s['max_llm_calls']} LLM calls)" if s["max_llm_calls"] else "") + ". "
+             f"Headline: {headline}. " + _sources(s["sources"]), ""]
     if fig["settings"]["arms_missing"]:
         lines += [f"**Incomplete:** no run yet for {', '.join(fig['settings']['arms_missing'])}.", ""]
     lines += ["## Arms and their baselines", ""] + [f"- {line}" for line in fig.get("baselines", [])] + [
@@ -517,7 +532,7 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
     lines += ["", f"Significance: two-sided {stats.TEST_NAME} on the per-seed values, p < 0.05; the CI is a "
               "percentile bootstrap of the difference of medians. With a handful of seeds every bootstrap CI "
               "here is rough (and narrower than the truth): the p-value is the claim.", ""]
-    lines += _policy_table(fig, names, problem.headline) + [""] + _arm_table(fig, problem.headline) + [""]
+    lines += _policy_table(fig, names, headline) + [""] + _arm_table(fig, headline) + [""]
     lines += _equal_updates_section(fig) + [""] + _heldout_section(fig, names) + [""]
     lines += _versions_section(fig) + [""]
     lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
@@ -533,6 +548,12 @@ def markdown(plan, problem, fig: dict, plots: list[Path]) -> str:
               "- Every number comes from the arms' databases (read-only) and `heldout/*.json`; the data of every "
               "figure is in `figures.json`.", ""]
     return "\n".join(lines)
+
+
+def _sources(sources: list[dict]) -> str:
+    if len(sources) == 1:
+        return f"Comparison directory: `{sources[0]['dir']}`."
+    return "Merged from the reports of " + ", ".join(f"`{x['dir']}` (seeds {x['seeds']})" for x in sources) + "."
 
 
 def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
@@ -592,21 +613,27 @@ def _equal_updates_section(fig: dict) -> list[str]:
 
 
 def _heldout_section(fig: dict, names: list[str]) -> list[str]:
-    parents = fig["settings"]["heldout_parents"]
+    sets = [x for x in fig["settings"]["parent_sets"] if x["parents"]]
     h = fig["settings"]["heldout"]
     rows = ["## Held-out parents", ""]
     if h.get("skip"):
         return rows + ["Not measured (--skip-heldout)."]
-    if not parents:
+    if not sets:
         return rows + ["Not measured yet."]
     rows += [f"Each arm's final policy answered {h['samples']} times per parent; best@k and pass@k for "
              f"k = 1..{h['k_max']} are exact estimates over that pool (k drawn without replacement), averaged "
              "over the parents. Failed answers score 0. Every arm's calls use the same request seeds, so a "
-             "frozen policy's arms of other seeds share the pool of its first. Parents (same for every arm):", ""]
-    for p in parents:
-        kind = "held out (a frozen arm's elite no training arm stored)" if p["held_out"] \
-            else "the seed program: NOT held out, every arm has seen it"
-        rows.append(f"- `{p['key']}`: objective {_f(p['objective'])}, {kind}")
+             "frozen policy's arms of other seeds share the pool of its first. "
+             + ("Parents (same for every arm):" if len(sets) == 1 else
+                "Seeds run apart drew their parents apart, from their own frozen arms; every arm of a seed "
+                "answered the same parents:"), ""]
+    for x in sets:
+        rows += [] if len(sets) == 1 else [f"Seeds {x['seeds']}:", ""]
+        for p in x["parents"]:
+            kind = "held out (a frozen arm's elite no training arm stored)" if p["held_out"] \
+                else "the seed program: NOT held out, every arm has seen it"
+            rows.append(f"- `{p['key']}`: objective {_f(p['objective'])}, {kind}")
+        rows += [""] if len(sets) > 1 else []
     missing = [n for n in names if n not in fig["heldout"]]
     if missing:
         rows += ["", f"No complete held-out pools for {', '.join(missing)} yet."]

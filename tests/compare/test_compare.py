@@ -635,3 +635,60 @@ def test_the_arm_table_says_when_the_best_was_found_and_names_the_headline_once(
         assert header.count("|") == rule.count("|") == row.count("|") == columns + 1
         assert "| 2 | #7 |" in row  # reached 0.5 at the second evaluation
         assert ("best n26" in header) == (headline == "n26") and "best objective | best objective" not in header
+
+
+def test_seeds_run_apart_merge_into_the_report_of_one_comparison(scripted, tmp_path, capsys):
+    # each seed in a comparison of its own (two machines, or one lost after seed 0 was reported):
+    # merged, their reports are one comparison's, over both seeds
+    apart = []
+    for seed in (0, 1):
+        alone = Namespace(**{**vars(scripted), "out": tmp_path / f"seed-{seed}"})
+        assert main(compare_args(alone, "--seeds", f"{seed}-{seed}", "--budget", 3, "--skip-heldout")) == 0
+        apart.append(alone.out)
+    each = [json.loads((d / "report" / "figures.json").read_text()) for d in apart]
+    out = tmp_path / "merged"
+    assert main(["compare", "--merge", str(apart[0]), str(apart[1] / "report"), "--out", str(out)]) == 0
+    fig = json.loads((out / "figures.json").read_text())
+    assert fig["settings"]["seeds"] == [0, 1]
+    assert fig["arms"] == {**each[0]["arms"], **each[1]["arms"]}
+    assert list(fig["arms"]) == ["alpha-s0", "beta-s0", "alpha-s1", "beta-s1"]
+    for policy in ("alpha", "beta"):
+        finals = [e["arms"][f"{policy}-s{s}"]["best_objective"] for s, e in enumerate(each)]
+        assert fig["final_best"][policy]["objective"]["values"] == pytest.approx(finals)
+        assert fig["best_vs_evaluations"][policy]["objective"]["median"][-1] == pytest.approx(sum(finals) / 2)
+    [line] = fig["verdicts"]["final best objective"]  # two seeds a side: the report says it can claim nothing
+    assert "smallest possible p is 0.333" in line and all(not e["verdicts"]["final best objective"][0].count("0.333")
+                                                          for e in each)
+    md = (out / "report.md").read_text()
+    assert f"`{apart[0]}` (seeds [0])" in md and f"`{apart[1]}` (seeds [1])" in md and line in md
+    for f in ("best_vs_evaluations.png", "final_best.png", "diversity.png", "archive.png", "cost.png"):
+        assert (out / f).stat().st_size > 0, f
+
+    def refused(*sources) -> str:
+        capsys.readouterr()
+        assert main(["compare", "--merge", *map(str, sources), "--out", str(tmp_path / "refused")]) == 2
+        return capsys.readouterr().err
+
+    assert "each seed belongs in one report" in refused(apart[0], apart[0] / "report" / "figures.json")
+    assert "no figures.json there" in refused(apart[0], tmp_path / "nowhere")
+    other = tmp_path / "other.json"  # another budget: another comparison
+    data = json.loads((apart[1] / "report" / "figures.json").read_text())
+    other.write_text(json.dumps({**data, "settings": {**data["settings"], "budget": 4}}))
+    assert "compares budget 4" in refused(apart[0], other)
+    # a report from before merging existed says nothing of its headline: n26 here, not the objective
+    old = {k: v for k, v in data["settings"].items() if k not in ("headline", "parent_sets", "sources")}
+    other.write_text(json.dumps({**data, "settings": {**old, "heldout_parents": []}}))
+    assert "does not say its headline" in refused(apart[0], other)
+    assert not (tmp_path / "refused").exists()
+
+
+def test_a_merged_report_lists_each_seeds_own_heldout_parents():
+    parent = lambda key, held_out: {"key": key, "objective": 0.5, "held_out": held_out}  # noqa: E731
+    fig = {"heldout": {"alpha": {}}, "settings": {
+        "heldout": {"samples": 4, "k_max": 4}, "parent_sets": [
+            {"seeds": [0], "parents": [parent("seed", False), parent("p7", True)]},
+            {"seeds": [1], "parents": [parent("p9", True)]}]}}
+    text = "\n".join(compare_report._heldout_section(fig, ["alpha"]))
+    assert "Seeds [0]:" in text and "Seeds [1]:" in text and "drew their parents apart" in text
+    assert text.index("`p7`") < text.index("Seeds [1]:") < text.index("`p9`")
+    assert "NOT held out" in text.split("Seeds [1]:")[0]
