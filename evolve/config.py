@@ -115,7 +115,7 @@ class Tuning(Strict):
     # `background` is where it starts, also on a resume; evolve/search/allocation.py).
     adaptive: bool = False
     # Where tuning's adaptive share stays: the floor of each operator. Measured once with the
-    # 1.5B model at [0.2, 0.5] (seed 1): twice the LLM answers, and worse (README, Benchmarks).
+    # 1.5B model at [0.2, 0.5] (seed 1): twice the LLM answers, and worse (docs/benchmarks/mutation.md).
     bounds: tuple[float, float] = (0.2, 0.8)
 
     @field_validator("bounds")

@@ -153,7 +153,7 @@ def outline(program: str) -> str:
     """The code outside the EVOLVE-BLOCK as a reader of the block needs it: imports,
     constants, and each function or class as its signature and the first line of its
     docstring. Small models asked to rewrite the block copy whatever they are shown; a
-    whole helper shown in full is copied instead of the block (README, Benchmarks)."""
+    whole helper shown in full is copied instead of the block (docs/benchmarks/mutation.md)."""
     prefix, _, suffix = split_block(program)
     lines = []
     for part in (prefix, suffix):

