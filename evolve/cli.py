@@ -316,6 +316,9 @@ def _compare_parser(sub) -> None:
 
 
 def cmd_compare(args) -> int:
+    if args.merge:
+        from evolve.compare.merge import main as merge_main
+        return merge_main(args)
     from evolve.compare.plan import main as compare_main
     from evolve.views.compare import ComparisonView
     from evolve.views.dashboard import wants_dashboard

@@ -14,6 +14,7 @@ compare per-seed values, so they need nothing more in common.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from evolve.compare.plan import CompareError
@@ -110,3 +111,16 @@ def _settings(each: list[dict]) -> dict:
             "parent_sets": [x for s in each for x in s["parent_sets"]],
             "sources": [x for s in each for x in s["sources"]],
             "arms_missing": [a for s in each for a in s["arms_missing"]]}
+
+
+def main(args) -> int:
+    """`evolve compare --merge REPORT... --out DIR`."""
+    try:
+        if args.out is None or args.resume or args.problem:
+            raise CompareError("--merge REPORT... takes --out DIR (where the merged report goes), no PROBLEM "
+                               "or --resume")
+        print(f"report: {merge(args.merge, args.out)}")
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -475,8 +475,6 @@ def compare(args, view=None) -> int:
 def _compare(args, view) -> int:
     from evolve.compare.report import write_report
 
-    if getattr(args, "merge", None):
-        return _merge(args)
     seeds = parse_seeds(getattr(args, "seeds", None))
     if args.resume:
         plan = Plan.load(args.resume)
@@ -502,15 +500,6 @@ def _compare(args, view) -> int:
             return 130 if outcome == "interrupted" else 1
     report = write_report(plan, arms, plan.dir / "report")
     say(f"report: {report}")
-    return 0
-
-
-def _merge(args) -> int:
-    from evolve.compare.merge import merge
-
-    if args.out is None or args.resume or args.problem:
-        raise CompareError("--merge REPORT... takes --out DIR (where the merged report goes), no PROBLEM or --resume")
-    _say(f"report: {merge(args.merge, args.out)}")
     return 0
 
 
