@@ -165,8 +165,7 @@ def check_policy(path: Path) -> None:
 
 def check_seed(problem) -> None:
     """A seed that fails its own scorer is a bad problem file: say so before making a run."""
-    from evolve.judge.check import evaluate_seed
-    from evolve.search.controller import SeedError, seed_failure
+    from evolve.judge.check import SeedError, evaluate_seed, seed_failure
 
     result, _ = evaluate_seed(problem)
     if result.status != "ok":

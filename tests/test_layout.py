@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "evolve"
 # Lowest first. A module may import its own layer (without a cycle) and any lower one.
 LAYERS = [
     {"config", "events", "faults", "rundir"},
-    {"store", "mutation", "sandbox", "serving"},
+    {"archive", "store", "mutation", "sandbox", "serving"},
     {"judge"},
     {"search", "rl"},
     {"compare", "run"},

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import DatabaseError
 
 from evolve.config import load_policy, load_problem
 from evolve.rundir import DONE, RUN_FILE, InspectError, RunDir
 from evolve.store.connection import readonly_engine
-from evolve.store.database import EVALUATED
-from evolve.store.schema import Program, Run
+from evolve.store.counts import evaluations_done
+from evolve.store.schema import Run
 from evolve.store.schema import Session as RunSession
 
 COMPARE_FILE = "compare.json"
@@ -210,9 +210,7 @@ def arm_state(arm: Arm) -> ArmState:
     try:
         with engine.connect() as conn:
             run_id = conn.execute(select(Run.id).where(Run.name == spec["run_name"])).scalar()
-            evaluations = conn.execute(select(func.count(Program.id)).where(
-                Program.run_id == run_id, Program.origin == "mutation",
-                Program.status.in_(EVALUATED), Program.duplicate_of.is_(None))).scalar() or 0
+            evaluations = evaluations_done(conn, run_id) if run_id is not None else 0
             reason = conn.execute(select(RunSession.stop_reason).where(RunSession.run_id == run_id)
                                   .order_by(RunSession.id.desc()).limit(1)).scalar()
     except DatabaseError:  # the arm is creating its database: no tables yet, or a header half-written

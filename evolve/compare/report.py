@@ -41,6 +41,7 @@ from evolve.config import load_policy, load_problem
 from evolve.rl.rollouts import complete_groups
 from evolve.rundir import RunDir
 from evolve.store.connection import readonly_engine
+from evolve.store.counts import evaluations_done
 from evolve.store.database import EVALUATED, rollout_rows, session_seconds
 from evolve.store.schema import (
     Cell,
@@ -104,7 +105,7 @@ def _best(s: Session, run_id: int) -> dict:
 def _children(s: Session, run_id: int) -> dict:
     by_status = dict(s.execute(select(Program.status, func.count(Program.id)).where(
         Program.run_id == run_id, Program.origin == "mutation").group_by(Program.status)).all())
-    evaluations = s.scalar(select(func.count(Program.id)).where(
+    evaluated = s.scalar(select(func.count(Program.id)).where(
         Program.run_id == run_id, Program.origin == "mutation", Program.status.in_(EVALUATED),
         Program.duplicate_of.is_(None)))
     ok = s.scalar(select(func.count(Program.id)).where(
@@ -112,9 +113,9 @@ def _children(s: Session, run_id: int) -> dict:
         Program.duplicate_of.is_(None)))
     answers = sum(by_status.values())
     applied = answers - by_status.get("mutation_failed", 0)
-    return {"evaluations": evaluations, "answers": answers, "applied": applied, "children": by_status,
-            "valid_mutation_rate": applied / answers if answers else None,
-            "ok_rate": ok / evaluations if evaluations else None}
+    return {"evaluations": evaluations_done(s, run_id), "answers": answers, "applied": applied,
+            "children": by_status, "valid_mutation_rate": applied / answers if answers else None,
+            "ok_rate": ok / evaluated if evaluated else None}
 
 
 def _calls(s: Session, run_id: int) -> dict:

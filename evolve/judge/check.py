@@ -11,11 +11,21 @@ import asyncio
 from rich.console import Console
 from rich.table import Table
 
-from evolve.config import Problem
+from evolve.archive import cell_of
+from evolve.config import ConfigError, Problem
 from evolve.judge.evaluator import Evaluator, Judgement
-from evolve.store.database import cell_of
 
 MAX_ROWS = 40  # a code problem can have dozens of test cases; the rest are summarised
+
+
+class SeedError(ConfigError):
+    """The problem's own seed program fails its scorer: no run can start from it."""
+
+
+def seed_failure(problem: Problem, result: Judgement) -> str:
+    reason = (result.error or "").strip().splitlines()[:1] or ["no reason given"]
+    return (f"{problem.source_path}: field 'program': the seed program is not valid ({result.status}): "
+            f"{reason[0]}; see `evolve check {problem.source_path}`")
 
 
 def evaluate_seed(problem: Problem, backend: str | None = None) -> tuple[Judgement, str]:

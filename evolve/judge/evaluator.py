@@ -6,6 +6,7 @@ why it is invalid. Nothing the candidate says about its own score is ever used.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import math
 import time
@@ -15,12 +16,14 @@ from typing import Callable
 
 from evolve.config import Problem
 from evolve.events import Event
-from evolve.faults import SandboxFault
+from evolve.faults import Fault, Outage, SandboxFault
 from evolve.sandbox import Sandbox, make_sandbox
 from evolve.sandbox.result import SandboxResult
+from evolve.store.schema import Program
 
 MAX_ERROR_CHARS = 4096
 MAX_REASON_CHARS = 600  # per component, so one long traceback cannot hide the others
+SANDBOX_OUTAGE_S = 1800  # an engine that stays away longer stops the run (resumable)
 
 
 @dataclass
@@ -35,11 +38,20 @@ class Judgement:
     error: str | None  # reasons for failed components / sandbox detail / log tail (bounded)
     elapsed_s: float
 
+    def fill(self, program: Program) -> None:
+        """The program's columns that hold its judgement."""
+        program.status, program.error = self.status, self.error
+        program.fitness, program.raw = self.components, self.raw
+        program.objective, program.headline = self.objective, self.headline
+        program.descriptors = self.descriptors or None
+
 
 def load_scorer(problem: Problem) -> ModuleType:
     """Import the problem's scorer from its file (trusted code, engine process)."""
     path = problem.resolve(problem.scorer)
     spec = importlib.util.spec_from_file_location(f"evolve_scorer_{problem.name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python module the scorer can be imported from")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -147,3 +159,19 @@ def _error_text(reasons: dict[str, str], result: SandboxResult) -> str | None:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+async def evaluate_through_outages(evaluator: Evaluator, code: str, outage: Outage) -> Judgement:
+    """Evaluate, waiting out a sandbox outage: a candidate is never scored for our failure."""
+    while True:
+        try:
+            result = await evaluator.evaluate(code)
+        except SandboxFault as exc:
+            if exc.permanent:
+                raise Fault(f"sandbox: {exc}") from None
+            if outage.down_s > SANDBOX_OUTAGE_S:
+                raise Fault(f"sandbox unavailable for {outage.down_s:.0f} s: {exc}") from None
+            await asyncio.sleep(outage.failed(str(exc)))
+            continue
+        outage.recovered()
+        return result

@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
+from evolve.judge.evaluator import Judgement
 from evolve.mutation.literals import float_literals, substitute
 
 
@@ -28,7 +29,7 @@ from evolve.mutation.literals import float_literals, substitute
 class Trial:
     code: str
     objective: float  # the judge's objective; a failed candidate scores what the judge gave it
-    result: object  # the evaluator's result, kept so the best trial needs no second run
+    result: Judgement  # the evaluator's, kept so the best trial needs no second run
 
 
 @dataclass
@@ -78,7 +79,7 @@ async def tune(program: str, objective: float, evaluate: Evaluate, trials: int, 
                 best = trial
         if len(ran) < es.popsize:
             break  # the budget ran out, or the trials did: a partial population cannot be told
-        es.tell(zs, [-r.objective for r in results])
+        es.tell(zs, [-r.objective for r in ran])
     return Tuned(best, spent, len(literals), objective)
 
 

@@ -1,18 +1,17 @@
-"""The program database: every candidate, split into islands of MAP-Elites grids.
+"""The program database: every candidate, and the archive (evolve/archive.py) it persists.
 
-Ask/tell, in the manner of pyribs: `ask(island)` samples a parent and inspirations,
-`tell(...)` stores a child (whatever became of it) and lets it compete for its cell.
-The database rows are the truth; the in-memory `IslandIndex`es are a cache rebuilt on
-open, so that sampling and inserting stay O(1)-ish at 100k stored programs.
+Ask/tell, in the manner of pyribs: `ask(island)` resolves the archive's pick of a parent and
+inspirations to programs, `tell(...)` stores a child (whatever became of it) and lets it
+compete for its cell. The database rows are the truth; the archive is rebuilt from them on open.
 """
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from alembic import command
@@ -24,9 +23,11 @@ from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, undefer
 
+from evolve.archive import Archive, cell_of
 from evolve.config import Descriptor, Search
 from evolve.faults import fault_of
 from evolve.mutation.code import normalise
+from evolve.store.counts import evaluations_done
 from evolve.store.schema import (
     Cell,
     Completion,
@@ -37,7 +38,6 @@ from evolve.store.schema import (
     Program,
     Run,
     TrainingStep,
-    Tuning,
     Turn,
 )
 from evolve.store.schema import Session as RunSession
@@ -139,48 +139,6 @@ def code_hash(code: str) -> str:
     return hashlib.sha256(normalise(code).encode()).hexdigest()
 
 
-def cell_of(descriptors: dict[str, float], axes: list[Descriptor]) -> str | None:
-    """Uniform bins per axis; values outside [low, high] go to the edge bins."""
-    idx = []
-    for ax in axes:
-        value = descriptors.get(ax.name)
-        if value is None or not math.isfinite(value):
-            return None
-        pos = int((value - ax.low) / (ax.high - ax.low) * ax.bins)
-        idx.append(min(max(pos, 0), ax.bins - 1))
-    return ",".join(map(str, idx))
-
-
-@dataclass
-class IslandIndex:
-    """What sampling needs of one island, kept in memory."""
-    members: list[int] = field(default_factory=list)  # ok programs, for exploration
-    elites: dict[str, tuple[int, float]] = field(default_factory=dict)  # cell -> (id, objective)
-    top: list[tuple[float, int]] = field(default_factory=list)  # best few, descending
-    generation: int = 0
-    last_migration: int = 0
-
-    TOP_KEEP = 16
-
-    def add(self, pid: int, objective: float) -> None:
-        self.members.append(pid)
-        if len(self.top) < self.TOP_KEEP or objective > self.top[-1][0]:
-            self.top.append((objective, pid))
-            self.top.sort(key=lambda t: (-t[0], t[1]))
-            del self.top[self.TOP_KEEP:]
-
-    def offer(self, cell: str, pid: int, objective: float) -> bool:
-        """A child takes a cell only with a strictly higher objective."""
-        held = self.elites.get(cell)
-        if held is not None and objective <= held[1]:
-            return False
-        self.elites[cell] = (pid, objective)
-        return True
-
-    def best(self) -> tuple[float, int] | None:
-        return self.top[0] if self.top else None
-
-
 @dataclass
 class Ask:
     island: int
@@ -209,7 +167,7 @@ class ProgramDatabase:
         self.run_id = run_id
         self.axes = axes
         self.search = search
-        self.islands = [IslandIndex() for _ in range(search.islands)]
+        self.archive = Archive(search)
         self._batch = 0  # > 0: inside batch(), commits wait for its end
         self.writer = None  # PostgreSQL: the connection that holds the run's writer lock
         self._load()
@@ -244,13 +202,14 @@ class ProgramDatabase:
             select(Program.id, Program.island, Program.objective)
             .where(Program.run_id == self.run_id, Program.status == "ok")
             .order_by(Program.id))
+        islands = self.archive.islands
         for pid, island, objective in rows:
-            self.islands[island].add(pid, objective)
+            islands[island].add(pid, objective or 0.0)  # an ok program has an objective
         for c in self.session.scalars(select(Cell).where(Cell.run_id == self.run_id)):
-            self.islands[c.island].elites[c.cell] = (c.program_id, c.objective)
+            islands[c.island].elites[c.cell] = (c.program_id, c.objective)
         for isl in self.session.scalars(select(Island).where(Island.run_id == self.run_id)):
-            self.islands[isl.island].generation = isl.generation
-            self.islands[isl.island].last_migration = isl.last_migration
+            islands[isl.island].generation = isl.generation
+            islands[isl.island].last_migration = isl.last_migration
 
     @contextmanager
     def batch(self):
@@ -280,31 +239,25 @@ class ProgramDatabase:
     # ---- queries -------------------------------------------------------------------
     @property
     def run(self) -> Run:
-        return self.session.get(Run, self.run_id)
+        return found(self.session.get(Run, self.run_id), f"run {self.run_id}")
 
     def get(self, pid: int) -> Program:
-        return self.session.get(Program, pid)
+        return found(self.session.get(Program, pid), f"program #{pid}")
 
     def count(self, *statuses: str) -> int:
         q = select(func.count(Program.id)).where(Program.run_id == self.run_id)
         if statuses:
             q = q.where(Program.status.in_(statuses))
-        return self.session.scalar(q)
+        return self.session.scalar(q) or 0
 
     def evaluations_done(self) -> int:
-        """The budget counts candidates that really ran: LLM children (failed mutations and
-        duplicates are free) and every trial of every tuning (its best trial is the tuned child)."""
-        children = self.session.scalar(
-            select(func.count(Program.id)).where(
-                Program.run_id == self.run_id, Program.origin == "mutation",
-                Program.status.in_(EVALUATED), Program.duplicate_of.is_(None)))
-        trials = self.session.scalar(select(func.sum(Tuning.trials)).where(Tuning.run_id == self.run_id))
-        return children + (trials or 0)
+        """The budget's unit, counted by evolve/store/counts.py."""
+        return evaluations_done(self.session, self.run_id)
 
     def llm_calls_done(self) -> int:
         """Calls that count: an interrupted call is redone on resume, with the same seed."""
         return self.session.scalar(select(func.count(LLMCall.id)).where(
-            LLMCall.run_id == self.run_id, LLMCall.error.is_distinct_from("cancelled")))
+            LLMCall.run_id == self.run_id, LLMCall.error.is_distinct_from("cancelled"))) or 0
 
     def best(self) -> Program | None:
         return self.session.scalars(
@@ -312,8 +265,9 @@ class ProgramDatabase:
             .order_by(Program.objective.desc(), Program.id).limit(1)).first()
 
     def seed(self, island: int) -> Program:
-        return self.session.scalars(select(Program).where(
-            Program.run_id == self.run_id, Program.island == island, Program.origin == "seed")).first()
+        return found(self.session.scalars(select(Program).where(
+            Program.run_id == self.run_id, Program.island == island, Program.origin == "seed")).first(),
+            f"the seed of island {island}")
 
     def find_duplicate(self, code: str) -> Program | None:
         return self.session.scalars(
@@ -321,43 +275,19 @@ class ProgramDatabase:
                                   Program.status.in_(EVALUATED)).order_by(Program.id).limit(1)).first()
 
     def run_seed(self) -> int:
-        return self.session.get(Run, self.run_id).seed
+        return self.run.seed
 
     def policy_version(self) -> PolicyVersion:
-        return self.session.scalars(
+        return found(self.session.scalars(
             select(PolicyVersion).where(PolicyVersion.run_id == self.run_id)
-            .order_by(PolicyVersion.version.desc()).limit(1)).first()
+            .order_by(PolicyVersion.version.desc()).limit(1)).first(), "a policy version")
 
     # ---- ask -----------------------------------------------------------------------
     def ask(self, island: int, rng: np.random.Generator) -> Ask:
-        """Parent by the YAML's exploit/explore/migrate ratios, plus top and diverse inspirations.
-
-        With `parents: seed` every ask is the island's seed and nothing else: independent
-        sampling, the baseline that evolution must beat."""
-        idx = self.islands[island]
-        s = self.search
-        if s.parents == "seed":
-            return Ask(island, self.seed(island), [], "seed")
-        r = rng.random()
-        if r < s.exploit_ratio:
-            how, pool = "exploit", [pid for pid, _ in idx.elites.values()]
-        elif r < s.exploit_ratio + s.explore_ratio:
-            how, pool = "explore", idx.members
-        else:
-            how = "migrate"
-            pool = [pid for j, other in enumerate(self.islands) if j != island
-                    for pid, _ in other.elites.values()]
-        if not pool:  # e.g. a fresh island: fall back to its best
-            how, pool = how + "-fallback", [pid for _, pid in idx.top[:1]]
-        parent_id = pool[int(rng.integers(len(pool)))]
-        return Ask(island, self.get(parent_id), self._inspirations(idx, parent_id, rng), how)
-
-    def _inspirations(self, idx: IslandIndex, parent_id: int, rng) -> list[Program]:
-        top = [pid for _, pid in idx.top if pid != parent_id][: self.search.top_inspirations]
-        others = [pid for pid, _ in idx.elites.values() if pid != parent_id and pid not in top]
-        k = min(self.search.diverse_inspirations, len(others))
-        diverse = [others[i] for i in rng.choice(len(others), size=k, replace=False)] if k else []
-        return [self.get(pid) for pid in top + diverse]
+        """The archive's pick of a parent and inspirations (evolve/archive.py), as programs."""
+        pick = self.archive.pick(island, rng)
+        parent = self.seed(island) if pick.parent is None else self.get(pick.parent)
+        return Ask(island, parent, [self.get(pid) for pid in pick.inspirations], pick.how)
 
     # ---- tell ----------------------------------------------------------------------
     def tell(self, program: Program, evaluation: Evaluation | None = None) -> bool:
@@ -386,9 +316,7 @@ class ProgramDatabase:
     def _place(self, program: Program) -> bool:
         if program.status != "ok":
             return False
-        idx = self.islands[program.island]
-        idx.add(program.id, program.objective)
-        if program.cell is None or not idx.offer(program.cell, program.id, program.objective):
+        if not self.archive.place(program.id, program.island, program.objective or 0.0, program.cell):
             return False
         self.session.merge(Cell(run_id=self.run_id, island=program.island, cell=program.cell,
                                 program_id=program.id, objective=program.objective))
@@ -397,7 +325,7 @@ class ProgramDatabase:
     def add_seed(self, program: Program) -> list[Program]:
         """The evaluated seed starts every island (one row per island, so lineages stay per island)."""
         copies = []
-        for island in range(len(self.islands)):
+        for island in range(len(self.archive.islands)):
             copy = _clone(program, island=island, origin="seed", parent_id=None)
             self.tell(copy)
             copies.append(copy)
@@ -476,22 +404,29 @@ class ProgramDatabase:
 
     # ---- generations and migration -------------------------------------------------------
     def advance(self, island: int) -> Program | None:
-        """Count one generation on the island; every `migration_every` its best moves to the next
-        island of the ring (a copy: no re-evaluation). Returns the migrant, if any."""
-        idx = self.islands[island]
-        idx.generation += 1
+        """Count one generation on the island and store the archive's migration, if it makes one
+        (a copy of the island's best on the next island: no re-evaluation). Returns the migrant."""
+        migration = self.archive.advance(island)
         migrant = None
         with self.batch():  # the migrant and the island's counters together
-            if len(self.islands) > 1 and idx.generation - idx.last_migration >= self.search.migration_every:
-                idx.last_migration = idx.generation
-                best = idx.best()
-                if best is not None:
-                    target = (island + 1) % len(self.islands)
-                    migrant = _clone(self.get(best[1]), island=target, origin="migration", parent_id=best[1])
-                    self.tell(migrant)
-            row = self.session.get(Island, (self.run_id, island))
+            if migration is not None:
+                migrant = _clone(self.get(migration.source), island=migration.target, origin="migration",
+                                 parent_id=migration.source)
+                self.tell(migrant)
+            idx = self.archive.islands[island]
+            row = found(self.session.get(Island, (self.run_id, island)), f"island {island}")
             row.generation, row.last_migration = idx.generation, idx.last_migration
         return migrant
+
+
+T = TypeVar("T")
+
+
+def found(row: T | None, what: str) -> T:
+    """A row the run must have (its own run, a program an id came from): missing is a bug."""
+    if row is None:
+        raise LookupError(f"{what} is not in the database")
+    return row
 
 
 def outcome(child: Program, parent: Program) -> str:
@@ -502,7 +437,7 @@ def outcome(child: Program, parent: Program) -> str:
         return "worse"
     if parent.status == "ok" and child.raw == parent.raw and child.descriptors == parent.descriptors:
         return "same"
-    if parent.status != "ok" or child.objective > parent.objective:
+    if parent.status != "ok" or (child.objective or 0.0) > (parent.objective or 0.0):
         return "better"
     return "worse"
 
@@ -542,5 +477,6 @@ def rollout_rows(session: Session, run_id: int, version: int | None = None, logp
     ids = [c.id for cs in rows.completions.values() for c in cs]
     for child in session.scalars(select(Program).where(Program.completion_id.in_(ids))
                                  .order_by(Program.answer_index)):
-        rows.children.setdefault(child.completion_id, []).append(child)
+        if child.completion_id is not None:
+            rows.children.setdefault(child.completion_id, []).append(child)
     return rows

@@ -124,6 +124,11 @@ class Program(Base):
 
     __table_args__ = (Index("ix_programs_run_island", "run_id", "island"),)
 
+    def copy_result(self, original: "Program") -> None:
+        """A duplicate's judgement is its original's (it is never evaluated twice)."""
+        for name in ("status", "error", "fitness", "raw", "objective", "headline", "descriptors"):
+            setattr(self, name, getattr(original, name))
+
 
 class Evaluation(Base):
     """One sandbox run of a program (timing and sandbox detail for audit and benchmarks)."""

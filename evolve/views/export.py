@@ -23,12 +23,13 @@ import json
 import math
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import literal, select
 
 from evolve.config import ConfigError, run_problem
 from evolve.judge.evaluator import load_scorer
 from evolve.rundir import InspectError
-from evolve.store.schema import Cell, Evaluation, Program
+from evolve.store.counts import evaluation_units
+from evolve.store.schema import Cell, Evaluation, Program, Tuning
 from evolve.views.panels import num
 from evolve.views.snapshot import RunReader, Snapshot
 
@@ -46,7 +47,7 @@ def export(run_dir: Path, spec: dict, out: Path, backend: str | None = None) -> 
         with reader.engine.connect() as conn:
             programs = conn.execute(select(*PROGRAM_COLUMNS).where(Program.run_id == reader.run_id)
                                     .order_by(Program.id)).all()
-            evaluated = _evaluated(conn, reader.run_id)
+            evaluated = _evaluated(conn, reader.run_id, reader.has_table("tunings"))
             elites = _elites(conn, reader.run_id)
             best_code = conn.execute(select(Program.code).where(Program.id == snap.best.id)).scalar() \
                 if snap.best else None
@@ -76,12 +77,16 @@ PROGRAM_COLUMNS = (Program.id, Program.island, Program.parent_id, Program.genera
                    Program.error)
 
 
-def _evaluated(conn, run_id: int) -> list:
-    """(program, status, headline, objective, origin) in the order evaluations finished."""
-    return conn.execute(select(Program.id, Evaluation.status, Program.headline, Program.objective,
-                               Program.origin)
-                        .join(Program, Program.id == Evaluation.program_id)
-                        .where(Program.run_id == run_id).order_by(Evaluation.id)).all()
+def _evaluated(conn, run_id: int, tunings: bool) -> list:
+    """(program, status, headline, objective, origin, evaluations it stands for) in the order
+    evaluations finished. `tunings`: the schema has them (a run of an older evolve may not)."""
+    query = select(Program.id, Evaluation.status, Program.headline, Program.objective, Program.origin,
+                   Tuning.trials if tunings else literal(None).label("trials")) \
+        .join(Program, Program.id == Evaluation.program_id)
+    if tunings:
+        query = query.outerjoin(Tuning, Tuning.child_id == Program.id)
+    rows = conn.execute(query.where(Program.run_id == run_id).order_by(Evaluation.id)).all()
+    return [(*row[:5], evaluation_units(row.origin, row.trials)) for row in rows]
 
 
 def _elites(conn, run_id: int) -> list:
@@ -135,12 +140,12 @@ def _pyplot():
 
 
 def progress_points(evaluated) -> tuple[list, list, int]:
-    """x = evaluations so far; the best (by objective) after each one; every valid candidate."""
+    """x = evaluations so far (the dashboard's count: a tuning's trials included); the best (by
+    objective) after each one; every valid LLM child."""
     x, best_rows, valid = 0, [], []
     best = None
-    for pid, status, headline, objective, origin in evaluated:
-        if origin == "mutation":
-            x += 1
+    for pid, status, headline, objective, origin, units in evaluated:
+        x += units
         if status == "ok":
             if origin == "mutation":
                 valid.append((x, headline, objective))
@@ -155,8 +160,8 @@ def plot_progress(snap: Snapshot, evaluated, path: Path) -> Path:
     plt = _pyplot()
     best_rows, valid, total = progress_points(evaluated)
     failed, x = [], 0
-    for _, status, _, _, origin in evaluated:
-        x += origin == "mutation"
+    for _, status, _, _, origin, units in evaluated:
+        x += units
         if origin == "mutation" and status != "ok":
             failed.append(x)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.2), sharex=True,

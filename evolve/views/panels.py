@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evolve.events import PARTS, Event, printable
-from evolve.views.snapshot import Snapshot
+from evolve.views.snapshot import LABELS, Snapshot
 
 HIDDEN = {"progress"}  # every panel already shows what a progress line says
 KIND_STYLE = {"best": "bold green", "migration": "cyan", "llm_error": "bold red", "error": "bold red",
@@ -277,9 +277,8 @@ def throughput_panel(s: Snapshot) -> Panel:
     t.add_row("tokens/s", f"{th.tokens_per_s:.1f}", f"{s.tokens:,} tokens")
     t.add_row("evaluations/s", f"{th.evals_per_s:.3f}", f"{s.evaluations} evaluated")
     t.add_row("valid diffs", pct(th.valid_diff_rate), f"{pct(s.valid_diff_rate)} of all answers")
-    for origin, label in (("mutation", "improving (LLM)"), ("tuned", "improving (tuned)")):
-        r = s.operators[origin]
-        t.add_row(label, pct(r.improving_rate), f"{r.better}/{r.evaluated}, same {pct(r.same_rate)}")
+    for origin, r in s.operators.items():
+        t.add_row(f"improving ({LABELS.get(origin, origin)})", pct(r.improving_rate), f"{r.better}/{r.evaluated}, same {pct(r.same_rate)}")
     for status in ("invalid", "error", "timeout"):
         t.add_row(status, pct(th.failure_rates.get(status)), f"{s.children.get(status, 0)} in all")
     return Panel(Group(t, Text(f"rates over the last {duration(th.window_s)} of activity", style="dim")),

@@ -22,7 +22,7 @@ from evolve.rundir import InspectError
 from evolve.store.schema import Completion, LLMCall, Program, Run
 from evolve.store.schema import Session as RunSession
 from evolve.views.panels import VERSION_ROWS, duration, islands_panel, models_table, num, pct, rl_panel, versions_table
-from evolve.views.snapshot import RunReader, Snapshot
+from evolve.views.snapshot import LABELS, RunReader, Snapshot
 
 ERROR_TAIL_LINES = 15
 ANSWER_LINES = 40
@@ -119,8 +119,8 @@ def improving_line(s: Snapshot) -> str:
     """Per operator: children that beat their parent, of those evaluated (and how many were the
     parent again); the one number that says whether a search is alive."""
     parts = []
-    for origin, label in (("mutation", "LLM"), ("tuned", "tuned")):
-        r = s.operators[origin]
+    for origin, r in s.operators.items():
+        label = LABELS.get(origin, origin)
         if not r.evaluated:
             continue
         text = f"{label} {r.better}/{r.evaluated} ({pct(r.improving_rate)}), same as parent {pct(r.same_rate)}"

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DatabaseError
 from evolve.config import Problem
 from evolve.rundir import InspectError, RunDir
 from evolve.store.connection import readonly_engine
+from evolve.store.counts import evaluation_units
 from evolve.store.schema import (
     Cell,
     Completion,
@@ -39,7 +40,10 @@ from evolve.store.schema import Session as RunSession
 
 WINDOW_S = 300.0  # throughput is measured over the last five minutes of activity
 FAILED = ("invalid", "error", "timeout")
-OPERATORS = ("mutation", "tuned")  # the origins of children: an LLM answer, a tuning's best trial
+NOT_MADE = ("seed", "migration")  # origins of programs no operator made
+# How views name an operator's children (evolve/search/operator.py: an operator's `origin`);
+# an origin not listed here is shown by its own name.
+LABELS = {"mutation": "LLM", "tuned": "tuned"}
 
 
 # ---- the snapshot ------------------------------------------------------------------------------
@@ -226,6 +230,21 @@ class _Acc:
     last_activity: float = 0.0
 
 
+@dataclass(frozen=True)
+class PolicyFacts:
+    """The few facts of a run's policy that are shown."""
+    name: str
+    model: str
+    algorithm: str | None  # None: a frozen policy
+    ensemble: bool
+
+    @classmethod
+    def of(cls, policy: dict) -> "PolicyFacts":
+        train = policy.get("train")
+        return cls(str(policy.get("name", "?")), str(policy.get("model", "?")),
+                   train.get("algorithm", "?") if isinstance(train, dict) else None, bool(policy.get("ensemble")))
+
+
 class RunReader:
     """Reads one run's database read-only; `snapshot()` is cheap after the first call."""
 
@@ -280,11 +299,7 @@ class RunReader:
         self.problem = _parse_problem(run.problem_yaml)
         # Only a few facts of the policy are shown: read leniently, so a run made with an
         # older or newer policy schema still opens.
-        policy = yaml.safe_load(run.policy_yaml) or {}
-        train = policy.get("train")
-        self.policy_name, self.model = str(policy.get("name", "?")), str(policy.get("model", "?"))
-        self.algorithm = train.get("algorithm", "?") if isinstance(train, dict) else None
-        self.ensemble = bool(policy.get("ensemble"))
+        self.policy = PolicyFacts.of(yaml.safe_load(run.policy_yaml) or {})
         self.seed = run.seed
         self.run_name = name
         self.run_id = run.id
@@ -308,7 +323,7 @@ class RunReader:
         acc = self.acc
         cols = (Program.id, Program.run_id, Program.island, Program.origin, Program.status, Program.objective,
                 Program.headline, Program.created_at,
-                Program.outcome if self._has("tunings") else text("NULL AS outcome"))
+                Program.outcome if self.has_table("tunings") else text("NULL AS outcome"))
         rows = []
         if acc.pending:  # stored pending earlier: have they been scored since?
             rows += conn.execute(select(*cols).where(Program.id.in_(sorted(acc.pending)))).all()
@@ -339,7 +354,7 @@ class RunReader:
         acc = self.acc
         if row.origin == "mutation":
             _bump(acc.children, row.status, 1)
-        if row.origin in OPERATORS and row.status not in ("pending", "mutation_failed"):
+        if row.origin not in NOT_MADE and row.status not in ("pending", "mutation_failed"):
             _bump(acc.outcomes, (row.origin, row.outcome), 1)
         if row.status != "ok":
             return
@@ -355,13 +370,14 @@ class RunReader:
     def _read_evaluations(self, conn) -> None:
         """Evaluations in the order they finished: the x axis of best-versus-evaluations."""
         acc = self.acc
-        # A tuned child's evaluation stands for all the trials of its tuning (same commit).
-        trials = Tuning.trials if self._has("tunings") else text("NULL AS trials")
+        # A tuned child's evaluation stands for all the trials of its tuning (same commit):
+        # evolve/store/counts.py says what each row counts.
+        trials = Tuning.trials if self.has_table("tunings") else text("NULL AS trials")
         query = (select(Evaluation.id, Evaluation.status, Evaluation.started_at, Evaluation.elapsed_s,
                         Evaluation.backend, Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
                         Program.headline, trials)
                  .join(Program, Program.id == Evaluation.program_id))
-        if self._has("tunings"):
+        if self.has_table("tunings"):
             query = query.outerjoin(Tuning, Tuning.child_id == Program.id)
         rows = conn.execute(  # no run_id condition here either: see _read_programs
             query.where(Evaluation.id > acc.last_evaluation).order_by(Evaluation.id))
@@ -371,14 +387,14 @@ class RunReader:
                 continue
             acc.backend = row.backend
             end = row.started_at + row.elapsed_s
+            units = evaluation_units(row.origin, row.trials)
+            acc.evaluations += units
             if row.origin == "mutation":
-                acc.evaluations += 1
                 acc.recent_evals.append((end, row.status))
                 self._touch(end)
             elif row.origin == "tuned":
-                acc.evaluations += row.trials or 1
-                acc.trials += row.trials or 1
-                acc.recent_trials.append((end, row.trials or 1))
+                acc.trials += units
+                acc.recent_trials.append((end, units))
                 self._touch(end)
             if row.status == "ok" and (acc.best is None or (row.objective, -row.program) > acc.best[:2]):
                 acc.best = (row.objective, -row.program, row.program, row.headline)
@@ -433,19 +449,19 @@ class RunReader:
             self._step_columns = {c["name"] for c in inspect(conn).get_columns("training_steps")}
         return self._step_columns
 
-    def _has(self, table: str) -> bool:
+    def has_table(self, table: str) -> bool:
         """Whether the schema has this table yet (a run from an older evolve may not)."""
         return table in self._tables
 
     def _read_versions(self, conn) -> tuple:
         """Per policy version: answers, applied, valid, improving, same, tokens/s (runs that train)."""
-        if self.algorithm is None or not self._has("tunings"):  # frozen, or no outcomes (< 0003)
+        if self.policy.algorithm is None or not self.has_table("tunings"):  # frozen, or no outcomes (< 0003)
             return ()
         return tuple(VersionRates(version=v, **r) for v, r in sorted(self._rates(conn, LLMCall.policy_version).items()))
 
     def _read_models(self, conn) -> tuple:
         """Per model, where an ensemble's calls came from more than one."""
-        if not self.ensemble or not self._has("tunings"):
+        if not self.policy.ensemble or not self.has_table("tunings"):
             return ()
         rates = self._rates(conn, LLMCall.model)
         return tuple(ModelRates(model=m, **r) for m, r in sorted(rates.items())) if len(rates) > 1 else ()
@@ -472,9 +488,9 @@ class RunReader:
                 for k, c in calls.items()}
 
     def _read_training(self, conn) -> tuple[int, float, dict | None]:
-        if not self._has("training_steps"):  # an older schema (revision 0001), or not yet
+        if not self.has_table("training_steps"):  # an older schema (revision 0001), or not yet
             self._tables = set(inspect(conn).get_table_names())
-            if not self._has("training_steps"):
+            if not self.has_table("training_steps"):
                 return 0, 0.0, None
         rid = self.run_id
         count, spent = conn.execute(
@@ -508,21 +524,23 @@ class RunReader:
             taken_at=now, run_dir=str(self.run_dir), run=self.run_name, problem=self.problem.name,
             headline=self.problem.headline, components=tuple(c.name for c in self.problem.components),
             reference=next((c.reference for c in self.problem.components if c.name == self.problem.headline), None),
-            seed=self.seed, policy=self.policy_name, model=self.model, state=state,
+            seed=self.seed, policy=self.policy.name, model=self.policy.model, state=state,
             elapsed_s=elapsed, evaluations=acc.evaluations, budget=max_evals, llm_calls=acc.calls,
             max_llm_calls=max_calls, tokens=acc.tokens, llm_s=acc.llm_s, sessions=len(sessions), eta_s=eta, children=dict(acc.children),
             islands=self._island_rows(cells, islands), axes=self._axes(), cells=_cell_map(cells),
             best=self._best(), seed_headline=acc.seed_headline, series=tuple(acc.series),
             throughput=through,
-            rl=RLStatus(trains=self.algorithm is not None, algorithm=self.algorithm,
+            rl=RLStatus(trains=self.policy.algorithm is not None, algorithm=self.policy.algorithm,
                         steps=steps, version=version.version if version else 0,
                         adapter=version.adapter_path if version else None, train_s=spent, last=last,
                         versions=versions),
             operators=self._operators(), backend=acc.backend, models=models)
 
     def _operators(self) -> dict:
+        """Rates per operator that made children in this run, the LLM's first."""
+        origins = sorted({k[0] for k in self.acc.outcomes} | {"mutation"}, key=lambda o: (o != "mutation", o))
         out = {}
-        for origin in OPERATORS:
+        for origin in origins:
             counts = {k[1]: v for k, v in self.acc.outcomes.items() if k[0] == origin}
             out[origin] = OperatorRates(evaluated=sum(counts.values()), better=counts.get("better", 0),
                                         same=counts.get("same", 0),

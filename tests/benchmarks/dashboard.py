@@ -21,8 +21,9 @@ import numpy as np
 from rich.console import Console
 from sqlalchemy import insert, update
 
+from evolve.archive import cell_of
 from evolve.config import load_problem
-from evolve.store.database import ProgramDatabase, cell_of, connect
+from evolve.store.database import ProgramDatabase, connect
 from evolve.store.schema import Cell, Evaluation, LLMCall, Program
 from evolve.store.schema import Session as RunSession
 from evolve.views.dashboard import LiveDashboard

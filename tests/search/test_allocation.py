@@ -83,7 +83,7 @@ def test_adaptive_turns_in_a_run_report_each_cycle(tmp_path):
 def test_a_resume_goes_on_from_the_runs_record_of_turns(tmp_path):
     """Each cycle is stored with the run; a resumed controller replays them and starts with the
     share and the record the run had, not from `background` again."""
-    from scripted_run import make_run
+    from scripted_run import ScriptedClient, make_run
 
     from evolve.config import load_policy, load_problem
     from evolve.run import open_database
@@ -105,11 +105,12 @@ def test_a_resume_goes_on_from_the_runs_record_of_turns(tmp_path):
     try:
         assert [t.share for t in db.turns()] == pytest.approx(
             [e["fields"]["share"] for e in events if e["kind"] == "turns"])
-        resumed = Controller(problem, policy, db, None, None, problem.budget, 0, lambda event: None)
-        assert resumed.allocation.share == 0.5
-        resumed._replay_turns()
+        resumed = Controller(problem, policy, db, None, ScriptedClient(), problem.budget, 0, lambda event: None)
+        assert resumed.scheduler.allocation.share == 0.5
+        resumed.scheduler.replay_turns()
     finally:
         db.close()
-    assert resumed.allocation.share == pytest.approx(expected.share)
-    assert resumed.allocation.total_gain == pytest.approx(expected.total_gain)
-    assert resumed.allocation.total_s == pytest.approx(expected.total_s)
+    allocation = resumed.scheduler.allocation
+    assert allocation.share == pytest.approx(expected.share)
+    assert allocation.total_gain == pytest.approx(expected.total_gain)
+    assert allocation.total_s == pytest.approx(expected.total_s)

@@ -8,7 +8,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from evolve.config import Descriptor, Search
-from evolve.store.database import ProgramDatabase, cell_of, connect, migrate
+from evolve.store.database import ProgramDatabase, connect, migrate
 from evolve.store.schema import Base, Cell, Program
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=4), Descriptor(name="b", low=0, high=1, bins=4)]
@@ -42,14 +42,6 @@ def test_sqlite_runs_in_wal_mode(tmp_path):
     assert db.session.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
-def test_cell_binning_clips_to_edges():
-    assert cell_of({"a": 0.0, "b": 0.99}, AXES) == "0,3"
-    assert cell_of({"a": -5, "b": 7}, AXES) == "0,3"
-    assert cell_of({"a": 0.5, "b": 0.25}, AXES) == "2,1"
-    assert cell_of({"a": float("nan"), "b": 0}, AXES) is None
-    assert cell_of({"b": 0}, AXES) is None
-
-
 def test_child_replaces_elite_only_when_strictly_better(db_url):
     db = open_db(db_url)
     first = child(objective=1.0)
@@ -68,7 +60,7 @@ def test_failures_are_stored_but_never_elites(db_url):
     for status in ("invalid", "error", "timeout", "mutation_failed"):
         assert not db.tell(child(status=status, objective=None, code=None))
     assert db.count() == 4 and db.count("ok") == 0
-    assert db.islands[0].elites == {}
+    assert db.archive.islands[0].elites == {}
 
 
 def test_duplicates_found_after_normalisation(db_url):
@@ -117,7 +109,7 @@ def test_ring_migration_copies_best_to_next_island(db_url):
     migrant = db.advance(1)
     assert migrant.island == 2 and migrant.origin == "migration" and migrant.parent_id == best.id
     assert migrant.objective == 9.0 and migrant.code == best.code
-    assert db.islands[2].best() == (9.0, migrant.id)
+    assert db.archive.islands[2].best() == (9.0, migrant.id)
     assert db.evaluations_done() == 1  # a migrant is not an evaluation
 
 
@@ -127,10 +119,10 @@ def test_resume_rebuilds_the_same_index(db_url):
     for i in range(40):
         db.tell(child(island=i % 2, objective=float(rng.random()), a=rng.random(), b=rng.random()))
     db.advance(0)
-    before = [(isl.members, isl.elites, isl.top, isl.generation) for isl in db.islands]
+    before = [(isl.members, isl.elites, isl.top, isl.generation) for isl in db.archive.islands]
     db.close()
     again = open_db(db_url, islands=2)
-    assert [(isl.members, isl.elites, isl.top, isl.generation) for isl in again.islands] == before
+    assert [(isl.members, isl.elites, isl.top, isl.generation) for isl in again.archive.islands] == before
     assert again.run_id == db.run_id and again.count() == 40
 
 

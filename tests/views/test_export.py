@@ -71,13 +71,14 @@ def test_pngs_are_images(exported, name, min_size):
 
 
 def test_progress_points_follow_the_evaluation_order():
-    evaluated = [(1, "ok", 2.0, 0.8, "seed"), (5, "error", None, 0.0, "mutation"),
-                 (6, "ok", 2.5, 0.9, "mutation"), (7, "ok", 2.6, 0.85, "mutation"), (8, "invalid", None, 0.0, "mutation")]
+    evaluated = [(1, "ok", 2.0, 0.8, "seed", 0), (5, "error", None, 0.0, "mutation", 1),
+                 (6, "ok", 2.5, 0.9, "mutation", 1), (9, "ok", 2.55, 0.95, "tuned", 30),
+                 (7, "ok", 2.6, 0.85, "mutation", 1), (8, "invalid", None, 0.0, "mutation", 1)]
     best, valid, total = progress_points(evaluated)
-    assert total == 4
-    assert [b[0] for b in best] == [0, 1, 2, 3, 4]
-    assert [b[1] for b in best] == [2.0, 2.0, 2.5, 2.5, 2.5]  # the headline of the best by objective
-    assert valid == [(2, 2.5, 0.9), (3, 2.6, 0.85)]
+    assert total == 34  # a tuning counts its trials, as the dashboard and the budget do
+    assert [b[0] for b in best] == [0, 1, 2, 32, 33, 34]
+    assert [b[1] for b in best] == [2.0, 2.0, 2.5, 2.55, 2.55, 2.55]  # the headline of the best by objective
+    assert valid == [(2, 2.5, 0.9), (33, 2.6, 0.85)]
 
 
 def test_the_best_program_runs_in_the_sandbox_not_here(run, tmp_path):

@@ -1,0 +1,103 @@
+"""The tuning operator: CMA-ES on a program's float literals (tuning.py), its best trial stored
+as a `tuned` child.
+
+A step tunes one program: an LLM child offered to it first (the ones worth tuning), otherwise
+the archive's pick of the next island in turn. With turns (scheduler.py) offered children wait
+for tuning's turn, which takes them first: a tuning (300 trials) run beside the server in the
+LLM's turn would take the cores from it. Kept in memory: a resume tunes the archive's programs.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from evolve.config import Tuning as TuningConfig
+from evolve.mutation import pipeline
+from evolve.mutation.literals import adds_knob, changes_structure
+from evolve.rundir import Stop
+from evolve.search.operator import Engine, Step
+from evolve.search.tuning import Trial, tune
+from evolve.store.schema import Program, Tuning
+
+
+class Tuner:
+    name = "tuning"
+    origin = "tuned"
+
+    def __init__(self, engine: Engine, config: TuningConfig, queued: bool, generations: bool):
+        self.engine, self.config = engine, config
+        self.queued = queued  # offered children wait for the next step instead of a task of their own
+        self.generations = generations  # the only operator: each tuning counts a generation of its island
+        self.waiting: deque[Program] = deque()
+        self.rounds = 0
+
+    async def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def offer(self, child: Program, island_best: bool) -> None:
+        if not self._wants(child, island_best):
+            return
+        if self.queued:
+            self.waiting.append(child)
+        else:
+            self.engine.tasks.spawn(self.tune(child))
+
+    def _wants(self, child: Program, island_best: bool) -> bool:
+        """LLM children worth tuning: each new best of its island, each that changes the code's
+        shape (a new structure needs its own numbers before it pays off; with its parent's
+        outputs, a knob added at its neutral value) and a share of the others (changes of
+        numbers only: the tuner explores those anyway). Never a copy of a stored program."""
+        t, engine = self.config, self.engine
+        if not t.enabled or child.status != "ok" or child.duplicate_of is not None or child.code is None:
+            return False
+        parent = engine.db.get(child.parent_id).code if child.parent_id is not None else None
+        if child.outcome == "same":  # the parent's outputs: worth tuning only as a new knob
+            return t.structural and parent is not None and adds_knob(parent, child.code)
+        return ((t.new_best and island_best) or (t.structural and parent is not None and changes_structure(
+            parent, child.code)) or engine.rng.random() < t.share)
+
+    async def step(self) -> Step:
+        """Tune the next waiting child, else the archive's pick on the next island in turn."""
+        if self.waiting:
+            return await self.tune(self.waiting.popleft())
+        db = self.engine.db
+        island = self.rounds % len(db.archive.islands)
+        self.rounds += 1
+        step = await self.tune(db.ask(island, self.engine.rng).parent)
+        if self.generations and step.trials:
+            db.advance(island)
+        return step
+
+    async def tune(self, parent: Program) -> Step:
+        """Tune one program's literals; the best trial is stored as a `tuned` child. Spends 0
+        trials where there is nothing to tune, or no budget."""
+        t, engine = self.config, self.engine
+        if parent.code is None or parent.objective is None:  # not an evaluated program
+            return Step(0)
+        started = time.time()
+        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.draw_sigma(engine.rng),
+                           pipeline.request_seed(engine.seed, parent.id), t.max_literals, engine.rng)
+        if tuned.best is None:
+            return Step(tuned.trials)
+        child = Program(island=parent.island, parent_id=parent.id, origin=self.origin,
+                        generation=parent.generation + 1, code=tuned.best.code, status="pending")
+        row = Tuning(run_id=engine.db.run_id, parent_id=parent.id, trials=tuned.trials,
+                     parameters=tuned.parameters, start_objective=parent.objective,
+                     best_objective=tuned.best.objective, started_at=started,
+                     elapsed_s=time.time() - started)
+        engine.store(child, tuned.best.result, started, row)
+        engine.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
+                    f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
+                    parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
+                    objective=child.objective, outcome=child.outcome)
+        engine.progress()
+        return Step(tuned.trials, child.objective)
+
+    async def _trial(self, code: str) -> Trial | None:
+        if self.engine.ledger.left() not in (None, Stop.LLM_CALLS):
+            return None  # out of time, or the target is met: a tuning stops mid-way
+        ran = await self.engine.claimed_run(code)
+        return None if ran is None else Trial(code, ran[0].objective, ran[0])
