@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 
 from evolve.config import Descriptor, Search
 from evolve.store.database import ProgramDatabase, connect, migrate
-from evolve.store.schema import Base, Cell, Program
+from evolve.store.schema import Base, Cell, Evaluation, Program
 
 AXES = [Descriptor(name="a", low=0, high=1, bins=4), Descriptor(name="b", low=0, high=1, bins=4)]
 
@@ -104,7 +104,7 @@ def test_inspirations_are_top_and_diverse_without_parent(db_url):
 def test_ring_migration_copies_best_to_next_island(db_url):
     db = open_db(db_url, islands=3, migration_every=2)
     best = child(island=1, objective=9.0)
-    db.tell(best)
+    db.tell(best, Evaluation(backend="test", status="ok", started_at=0.0, elapsed_s=0.1))
     assert db.advance(1) is None
     migrant = db.advance(1)
     assert migrant.island == 2 and migrant.origin == "migration" and migrant.parent_id == best.id
@@ -132,3 +132,27 @@ def test_any_sqlalchemy_url(tmp_path):
                               Search(islands=1), "toy")
     db.tell(child())
     assert db.best() is not None
+
+
+def test_evaluations_count_what_ran(db_url):
+    """The budget's unit (evolve/store/counts.py): an LLM child that ran counts one, a tuning
+    every trial, the seed, a duplicate, a failed mutation and a migrant nothing."""
+    from evolve.store.schema import Tuning
+
+    db = open_db(db_url)
+
+    def ran(program):
+        db.tell(program, Evaluation(backend="test", status=program.status, started_at=0.0, elapsed_s=0.1))
+        return program
+
+    seed = ran(Program(island=0, origin="seed", status="ok", objective=1.0, code="s = 1\n", descriptors={}))
+    ran(child(objective=1.5, parent=seed.id))
+    ran(child(objective=0.0, status="error", parent=seed.id, code="boom\n"))
+    db.tell(child(objective=1.5, parent=seed.id, code="copy\n"))  # a duplicate: no evaluation
+    db.tell(child(objective=None, status="mutation_failed", parent=seed.id, code=None))
+    tuned = ran(Program(island=0, origin="tuned", status="ok", objective=1.7, code="t = 2.0\n", parent_id=seed.id,
+                        descriptors={"a": 0.5, "b": 0.5}))
+    db.add(Tuning(run_id=db.run_id, parent_id=seed.id, child_id=tuned.id, trials=40, parameters=1,
+                  start_objective=1.0, best_objective=1.7, started_at=0.0, elapsed_s=1.0))
+    db.advance(0)
+    assert db.evaluations_done() == 1 + 1 + 40
