@@ -241,7 +241,9 @@ class Problem(Strict):
         return (base / path).resolve()
 
     def seed_code(self) -> str:
-        return self.program_code if self.program is None else self.resolve(self.program).read_text()
+        if self.program is not None:
+            return self.resolve(self.program).read_text()
+        return self.program_code or ""  # (_names_agree: one of the two is set)
 
     def cases(self) -> list[dict]:
         """What the sandbox runs: one case per component (with the driver's source, if any)."""
@@ -505,6 +507,8 @@ def _expand(path: Path, data: dict) -> dict:
     if not module_path.is_file():
         raise ConfigError(f"{path}: field 'template': file {module_path} does not exist")
     spec = importlib.util.spec_from_file_location(f"evolve_template_{module_path.stem}", module_path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: field 'template': {module_path} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     try:

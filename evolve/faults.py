@@ -45,7 +45,7 @@ def fault_of(exc: BaseException) -> str | None:
     if isinstance(exc, Fault):
         return str(exc)
     if database_away(exc):
-        return f"{DATABASE_AWAY} ({one_line(exc.orig)}); nothing was lost"
+        return f"{DATABASE_AWAY} ({one_line(getattr(exc, 'orig', None) or exc)}); nothing was lost"
     if isinstance(exc, OperationalError):
         text = str(exc.orig)
         if "locked" in text or "busy" in text:
@@ -84,7 +84,7 @@ def wait_for_database(url: str, report: Callable[[Event], None], limit_s: float 
                     outage.recovered()
                     return True
             except OperationalError as exc:
-                delay = outage.failed(one_line(exc.orig))
+                delay = outage.failed(one_line(exc.orig or exc))
                 if time.time() - started + delay > limit_s:
                     return False
                 time.sleep(delay)

@@ -45,7 +45,8 @@ class Suite(Strict):
     source_path: Path | None = Field(default=None, exclude=True)
 
     def problem_path(self) -> Path:
-        return (self.source_path.parent / self.problem).resolve()
+        base = self.source_path.parent if self.source_path else Path.cwd()
+        return (base / self.problem).resolve()
 
     def sets(self, value) -> list[str]:
         return [f"{self.vary}={value}"]

@@ -78,7 +78,7 @@ class Plan:
 
     def arms(self) -> list[Arm]:
         """Seed-major order: an interrupted comparison has whole seeds of every policy first."""
-        arms = []
+        arms: list[Arm] = []
         for seed in self.seeds:
             for p in self.policies:
                 trains = load_policy(p["path"]).train is not None
@@ -280,7 +280,7 @@ def run_arms(plan: Plan, arms: list[Arm], parallel: int = 1, view=None,
 
 
 def _schedule(plan: Plan, arms: list[Arm], todo: list[Arm], parallel: int, port_base: int, view, say) -> str:
-    queue, running, failed = list(todo), {}, []
+    queue, running, failed = list(todo), dict[Arm, tuple](), list[Arm]()
     previous = signal.signal(signal.SIGTERM, _forward_term(running))
     try:
         return _loop(plan, arms, queue, running, failed, parallel, port_base, view, say)
@@ -451,7 +451,7 @@ def _other_run(run_dir: str, problem) -> tuple[str, str]:
     """(name, db url) of a --heldout-from run, checked to be a run of the same problem."""
     from evolve.rl import heldout
 
-    run = RunDir(run_dir)
+    run = RunDir(Path(run_dir))
     if not run.exists():
         raise CompareError(f"--heldout-from {run_dir}: not a run directory (no {RUN_FILE})")
     url = run.database_url()

@@ -103,13 +103,25 @@ def example_turns(m: int, fmt: str = "diff", directive: str | None = None) -> li
 
 
 class Shown(Protocol):
-    """What a prompt shows of a program: a stored Program, or a held-out parent's record."""
-    code: str
-    status: str
-    objective: float | None
-    headline: float | None
-    fitness: dict | None
-    error: str | None  # the judge's notes: why components failed or fell short
+    """What a prompt shows of a program (read only): a stored Program, or a held-out parent's record."""
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def objective(self) -> float | None: ...
+
+    @property
+    def headline(self) -> float | None: ...
+
+    @property
+    def fitness(self) -> dict | None: ...
+
+    @property
+    def error(self) -> str | None:
+        """The judge's notes: why components failed or fell short."""
 
 
 @dataclass(frozen=True)

@@ -65,14 +65,14 @@ def _entry_node(block: str, entry: str) -> ast.FunctionDef | ast.AsyncFunctionDe
     raise MutationError(f"the parent's EVOLVE-BLOCK defines no function {entry!r}")
 
 
-def _header(block: str, node: ast.FunctionDef) -> str:
+def _header(block: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """The def line(s) of the entry function as written, up to its docstring or first statement."""
     lines = block.splitlines(keepends=True)
     first = node.body[0]
     return "".join(lines[node.lineno - 1 : first.lineno - 1])
 
 
-def _body_indent(block: str, node: ast.FunctionDef) -> str:
+def _body_indent(block: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     line = block.splitlines()[node.body[0].lineno - 1]
     return line[: len(line) - len(line.lstrip())]
 

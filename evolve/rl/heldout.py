@@ -81,7 +81,7 @@ def _query(url: str, statement) -> list:
     engine = readonly_engine(url)
     try:
         with engine.connect() as conn:
-            return conn.execute(statement).all()
+            return list(conn.execute(statement).all())
     finally:
         engine.dispose()
 

@@ -100,7 +100,7 @@ class RaySandbox:
             if not node["Alive"] or node["NodeID"] in self.workers or node["NodeID"] in self.refused:
                 continue
             slots = self.limits.ray.slots_per_node or max(1, int(node["Resources"].get("CPU", 1) // self.limits.cpus))
-            actor = NodeSandbox.options(
+            actor = NodeSandbox.options(  # type: ignore[attr-defined]  # added by @ray.remote
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
                 max_concurrency=slots).remote(self.limits.model_dump_json())
             try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.columns import Columns
-from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.layout import Layout
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
@@ -105,7 +105,7 @@ def sandbox_warning(s: Snapshot) -> list[str]:
             "(README, Sandbox; sandbox.backend: docker for the jail)"]
 
 
-def header(s: Snapshot, hint: str = "", fixed: bool = False, alerts: list[str] = ()) -> Panel:
+def header(s: Snapshot, hint: str = "", fixed: bool = False, alerts: tuple[str, ...] | list[str] = ()) -> Panel:
     """Run, policy, state and the budget bar; `fixed`: one line each (the live header's height is fixed)."""
     version = f"v{s.rl.version}" + (" (base model)" if s.rl.version == 0 else "")
     state_style = "green" if s.state == "running" else "yellow"
@@ -121,8 +121,9 @@ def header(s: Snapshot, hint: str = "", fixed: bool = False, alerts: list[str] =
                      style="bold"),
                 Text(f"elapsed {duration(s.elapsed_s)}  ·  ETA {duration(s.eta_s)}  ·  "
                      f"LLM calls {s.llm_calls}" + (f"/{s.max_llm_calls}" if s.max_llm_calls else "")))
-    parts = [top, bar] + [Text(a, style="bold red", no_wrap=fixed, overflow="ellipsis") for a in alerts] \
-        + ([Text(hint, style="dim")] if hint else [])
+    parts: list[RenderableType] = [top, bar]
+    parts += [Text(a, style="bold red", no_wrap=fixed, overflow="ellipsis") for a in alerts]
+    parts += [Text(hint, style="dim")] if hint else []
     return Panel(Group(*parts), title="evolve", title_align="left", border_style="blue")
 
 
@@ -288,7 +289,7 @@ def throughput_panel(s: Snapshot) -> Panel:
 def rl_panel(s: Snapshot) -> Panel:
     rl = s.rl
     if not rl.trains and not rl.steps:
-        body: object = Text(f"frozen policy: no training (version v{rl.version})", style="dim")
+        body: RenderableType = Text(f"frozen policy: no training (version v{rl.version})", style="dim")
     elif rl.last is None:
         body = Text(f"{rl.algorithm}: no training step yet; policy version v{rl.version}", style="dim")
     else:

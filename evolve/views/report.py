@@ -62,9 +62,12 @@ def _reader(run_dir: Path, spec: dict) -> RunReader:
 def _snapshot(run_dir: Path, spec: dict) -> Snapshot:
     reader = _reader(run_dir, spec)
     try:
-        return reader.snapshot()
+        snap = reader.snapshot()
     finally:
         reader.close()
+    if snap is None:  # (_reader waited for the run's row)
+        raise InspectError(f"{run_dir}: the database holds no run yet")
+    return snap
 
 
 # ---- status ------------------------------------------------------------------------------------
@@ -142,7 +145,7 @@ def print_best(run_dir: Path, spec: dict, code: bool, console: Console | None = 
             text = conn.execute(select(Program.code).where(Program.id == b.id)).scalar()
         reader.close()
         # plain print: the code must stay copy-pasteable (exact into a file or a pipe)
-        print(printable(text) if sys.stdout.isatty() else text)
+        print(printable(text or "") if sys.stdout.isatty() else text)
         return 0
     console.print(f"#{b.id} island {b.island} generation {b.generation}: "
                   f"{s.headline} {num(b.headline)}, objective {b.objective:.4f}")
@@ -225,7 +228,8 @@ def _scores(p: Program, parent: Program | None, components: list[str]) -> Table:
 def _lineage(p: Program, db: Session) -> Text:
     """The chain back to the seed: id, origin, island, objective (newest first)."""
     t = Text("lineage: ", style="bold")
-    node, steps = p, 0
+    node: Program | None = p
+    steps = 0
     while node is not None and steps < LINEAGE_MAX:
         if steps:
             t.append(" ← ", style="dim")
@@ -251,7 +255,7 @@ def _diff(p: Program, parent: Program | None, db: Session):
                      Syntax(printable(p.code), "python", line_numbers=True, word_wrap=True))
     if parent.code == p.code:
         return Text(f"code identical to its parent #{parent.id} ({p.origin})", style="dim")
-    diff = "".join(difflib.unified_diff(parent.code.splitlines(True), p.code.splitlines(True),
+    diff = "".join(difflib.unified_diff((parent.code or "").splitlines(True), p.code.splitlines(True),
                                         fromfile=f"#{parent.id} (parent)", tofile=f"#{p.id}"))
     # wrapped, never cut: the whole diff is the point, even in an 80-column pipe
     return Group(Text("diff against its parent:", style="bold"), Syntax(printable(diff), "diff", word_wrap=True))

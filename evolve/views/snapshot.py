@@ -551,7 +551,7 @@ class RunReader:
         return tuple(Axis(d.name, d.low, d.high, d.bins) for d in self.problem.descriptors)
 
     def _island_rows(self, cells, islands) -> tuple[IslandRow, ...]:
-        per_island = {}
+        per_island: dict[int, int] = {}
         for c in cells:
             per_island[c.island] = per_island.get(c.island, 0) + 1
         rows = []
@@ -604,7 +604,7 @@ class RunReader:
             failure_rates={s: evals.count(s) / len(evals) for s in FAILED} if evals else {})
 
 
-def _bump(counts: dict, key: str, by: int) -> None:
+def _bump(counts: dict, key: object, by: int) -> None:
     counts[key] = counts.get(key, 0) + by
     if not counts[key]:
         del counts[key]
