@@ -4,13 +4,17 @@ from __future__ import annotations
 import asyncio
 import signal
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from evolve.config import Policy, Problem, ensemble_members, load_policy, problem_snapshot, run_problem
 from evolve.events import Event, EventLog, print_sink
 from evolve.faults import DATABASE_AWAY, wait_for_database
 from evolve.judge.evaluator import Evaluator
+from evolve.rl.hook import RLHook, serve_current
 from evolve.search.controller import Controller
+from evolve.serving.adapters import serve_mode
 from evolve.serving.client import PolicyClient, Sampler
 from evolve.serving.endpoints import EndpointPool
 from evolve.serving.ensemble import Ensemble
@@ -70,22 +74,9 @@ def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int,
     ensemble), the RL hook, the sandbox and the controller, to a stop reason."""
     with ExitStack() as stack:
         client: Sampler | None = None
-        hook = None
+        hook: RLHook | None = None
         if endpoints:
-            members = ensemble_members(policy)
-            links = [_link(member.model_copy(update={"sampling": policy.sampling}), endpoint, report)
-                     for (member, _), endpoint in zip(members, endpoints)]
-            link, raw, urls = links[0]
-            client = link
-            if len(links) > 1:  # an ensemble never trains (config.Policy)
-                client = Ensemble([(each, share) for (each, _, _), (_, share) in zip(links, members)], seed)
-            else:
-                base_url, _, vllm = endpoints[0]
-                # a server shared with other runs (`evolve suite`) is never restarted on merged weights
-                hook = link.hook = make_hook(policy, problem, db, run_dir, base_url, report,
-                                               None if shared else vllm, replicas=urls[1:])
-            if hook is not None and isinstance(raw, EndpointPool):  # each endpoint serves each version
-                raw.rejoin, hook.unreachable = hook.rejoin, raw.take_out
+            client, hook = _policy_client(policy, problem, db, run_dir, endpoints, report, seed, shared)
         evaluator = Evaluator(problem, report=report)
         stack.callback(evaluator.sandbox.close)
         warning = getattr(evaluator.sandbox, "warning", "")  # the process backend: not a jail
@@ -95,21 +86,52 @@ def _session(run_dir: Path, problem: Problem, policy: Policy, budget, seed: int,
         return asyncio.run(_run(controller, client))
 
 
-def _link(policy: Policy, endpoint: tuple, report) -> tuple[PolicyLink, Sampler, list[str]]:
-    """The patient client of one model, the client it wraps, and the model's endpoints."""
-    base_url, model, vllm = endpoint
-    urls = [base_url] if policy.server.embedded else policy.server.endpoints()
-    raw = PolicyClient(policy, base_url, model) if len(urls) == 1 else \
-        EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report)
-    return PolicyLink(raw, report, vllm), raw, urls
+def _policy_client(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, endpoints: list[tuple],
+                   report, seed: int, shared: bool) -> tuple[Sampler, RLHook | None]:
+    """The policy's patient client (an ensemble: one per model) and the RL hook if it trains.
+
+    Wired at construction: with several endpoints, one that comes back is served the current
+    version (`rejoin`) and one that cannot load a version is taken out (`unreachable`); after a
+    restart of the embedded server the hook serves the current version again (`on_restart`)."""
+    members = ensemble_members(policy)
+    if len(members) > 1:  # an ensemble never trains (config.Policy)
+        links: list[tuple[Sampler, float]] = [
+            (_link(member.model_copy(update={"sampling": policy.sampling}), endpoint, report), share)
+            for (member, share), endpoint in zip(members, endpoints)]
+        return Ensemble(links, seed), None
+    base_url, _, vllm = endpoints[0]
+    server = None if shared else vllm  # a server shared with other runs is never restarted on merged weights
+    rejoin = None if policy.train is None else partial(serve_current, db, serve_mode(policy.train.serve, server))
+    raw = _client(policy, endpoints[0], report, rejoin)
+    hook = make_hook(policy, problem, db, run_dir, base_url, report, server, replicas=_urls(policy, base_url)[1:],
+                     unreachable=raw.take_out if isinstance(raw, EndpointPool) else None)
+    return PolicyLink(raw, report, vllm, on_restart=hook.resume if hook is not None else None), hook
+
+
+def _urls(policy: Policy, base_url: str) -> list[str]:
+    return [base_url] if policy.server.embedded else policy.server.endpoints()
+
+
+def _client(policy: Policy, endpoint: tuple, report, rejoin=None) -> Sampler:
+    """One model's client: one endpoint, or a pool of them."""
+    base_url, model, _ = endpoint
+    urls = _urls(policy, base_url)
+    if len(urls) == 1:
+        return PolicyClient(policy, base_url, model)
+    return EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report, rejoin)
+
+
+def _link(policy: Policy, endpoint: tuple, report) -> PolicyLink:
+    """The patient client of one model (an ensemble's member: it never trains)."""
+    return PolicyLink(_client(policy, endpoint, report), report, endpoint[2])
 
 
 def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path, base_url: str,
-              report, server=None, replicas: list[str] | None = None):
+              report, server=None, replicas: list[str] | None = None,
+              unreachable: Callable[[str, str], None] | None = None) -> RLHook | None:
     """The RL hook when the policy trains; None for a frozen mutator."""
     if policy.train is None:
         return None
-    from evolve.rl.hook import RLHook
     from evolve.serving.models import model_path
 
     def emit(kind: str, message: str, **fields) -> None:
@@ -117,7 +139,8 @@ def make_hook(policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Pa
 
     server_url = base_url.removesuffix("/").removesuffix("/v1")
     return RLHook(policy, problem, db, run_dir, model_path(policy.model), server_url, emit, db.run_seed(),
-                  server=server, replicas=[u.removesuffix("/").removesuffix("/v1") for u in replicas or []])
+                  server=server, replicas=[u.removesuffix("/").removesuffix("/v1") for u in replicas or []],
+                  unreachable=unreachable)
 
 
 async def _run(controller: Controller, client: Sampler | None) -> str:

@@ -43,10 +43,18 @@ SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
 CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
 
 
+async def serve_current(db: ProgramDatabase, mode: str, base_url: str) -> None:
+    """An endpoint back from an outage may have restarted: serve it the run's current version
+    (hot-loaded; a merged version is the server's own weights)."""
+    current = db.policy_version()
+    if current.version > 0 and mode == "hot_load":
+        await load_adapter(base_url.rstrip("/").removesuffix("/v1"), current.model, current.adapter_path)
+
+
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
                  model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
-                 server=None, replicas: list[str] = ()):
+                 server=None, replicas: list[str] = (), unreachable: Callable[[str, str], None] | None = None):
         assert policy.train is not None
         seed = run_seed if policy.train.seed is None else policy.train.seed
         self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
@@ -57,7 +65,7 @@ class RLHook:
         self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
         # every endpoint of the policy serves each version (hot-loaded into each)
         self.server_urls = [self.server_url, *(u.rstrip("/") for u in replicas)]
-        self.unreachable: Callable[[str, str], None] | None = None  # set with several endpoints
+        self.unreachable = unreachable  # several endpoints: take one out that cannot load a version
         self.trainer = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
         self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
@@ -195,12 +203,6 @@ class RLHook:
     async def _unload(self, name: str) -> None:
         for url in self.server_urls:
             await unload_adapter(url, name)
-
-    async def rejoin(self, base_url: str) -> None:
-        """An endpoint back from an outage may have restarted: serve it the current version."""
-        current = self.db.policy_version()
-        if current.version > 0 and self.serve == "hot_load":
-            await load_adapter(base_url.rstrip("/").removesuffix("/v1"), current.model, current.adapter_path)
 
     async def _serve(self, version: PolicyVersion) -> float:
         """Restart the server on `version` merged into the weights (the base for v0), unless it

@@ -34,11 +34,11 @@ class Endpoint:
 class EndpointPool:
     """The PolicyClient interface (`model`, `sample`, `close`) over several endpoints."""
 
-    def __init__(self, clients: dict[str, Sampler], report: Callable[[Event], None]):
+    def __init__(self, clients: dict[str, Sampler], report: Callable[[Event], None],
+                 rejoin: Callable[[str], Awaitable[None]] | None = None):
         self.endpoints = [Endpoint(url, client) for url, client in clients.items()]
         self.report = report
-        # Set by the RL hook: serve the current version on an endpoint that comes back.
-        self.rejoin: Callable[[str], Awaitable[None]] | None = None
+        self.rejoin = rejoin  # a learning mutator: serve the current version on an endpoint that comes back
 
     @property
     def model(self) -> str:

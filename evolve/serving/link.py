@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 import openai
 
@@ -27,9 +27,10 @@ class PolicyLink:
     out); an external one is waited for. After a restart the run's adapter is loaded again.
     """
 
-    def __init__(self, client: Sampler, report: Callable[[Event], None], server=None):
+    def __init__(self, client: Sampler, report: Callable[[Event], None], server=None,
+                 on_restart: Callable[[Sampler], Awaitable[None]] | None = None):
         self.client, self.server, self.report = client, server, report
-        self.hook = None  # the RL hook, set by the runner: it reloads the adapter after a restart
+        self.on_restart = on_restart  # a learning mutator serves its current version again
         self.outage = Outage("llm", report)
         self.restarts = 0  # in the current outage
         self.epoch = 0  # counts restarts, so concurrent callers restart once per failure
@@ -87,8 +88,8 @@ class PolicyLink:
             self.epoch += 1
             self.report(Event("llm_restart", f"policy server restarted in {time.time() - started:.0f} s",
                               {"restart": self.restarts, "took_s": round(time.time() - started, 1)}))
-            if self.hook is not None:
-                await self.hook.resume(self)
+            if self.on_restart is not None:
+                await self.on_restart(self)
             return True
 
     async def close(self) -> None:

@@ -38,19 +38,18 @@ async def test_calls_go_to_the_least_loaded_endpoint():
 
 
 async def test_a_failing_endpoint_is_taken_out_and_the_call_goes_elsewhere():
-    said = []
+    said, rejoined = [], []
+
+    async def rejoin(url):  # the RL hook's part: serve the current version on the endpoint
+        rejoined.append(url)
+
     gone, live = Stub(down=True), Stub()
-    pool = EndpointPool({"http://gone/v1": gone, "http://live/v1": live}, said.append)
+    pool = EndpointPool({"http://gone/v1": gone, "http://live/v1": live}, said.append, rejoin)
     for _ in range(3):
         assert await pool.sample([], 1) == f"answer from {id(live)}"
     assert gone.asked == 1  # out for its backoff: not asked again at once
     assert said[0].kind == "llm_endpoint" and "taken out" in said[0].message and "1 of 2 in" in said[0].message
-    rejoined = []
-
-    async def rejoin(url):
-        rejoined.append(url)
-
-    pool.rejoin = rejoin
+    assert not rejoined  # not back yet
     pool.endpoints[0].out_until = 0  # its backoff is over: tried again, first given the adapter
     gone.down = False
     await asyncio.gather(pool.sample([], 1), pool.sample([], 1))
