@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import yaml
+from scripted_run import write_policy
 
 from evolve.config import Policy, Problem, load_policy, load_problem
 from evolve.judge.evaluator import Evaluator
@@ -125,10 +126,8 @@ def toy_problem(folder: Path, seed_code: str = SEED, **search) -> Problem:
 
 
 def toy_policy(folder: Path) -> tuple[Policy, Path]:
-    path = folder / "policy.yaml"
-    path.write_text("name: scripted\nmodel: scripted\n"
-                    "server: {embedded: false, base_url: 'http://127.0.0.1:9/v1'}\n"
-                    "sampling: {group_size: 4, max_prompt_tokens: 4000}\n")
+    """The scripted runs' policy (a group of 4, no server)."""
+    path = write_policy(folder)
     return load_policy(path), path
 
 
