@@ -90,10 +90,11 @@ class Tuning(Strict):
     # where 40-trial tunings (step 0.1) needed 520 trials for 0.9195 and sat at 0.87-0.89 for
     # the first 400 (README, "Tuning's own settings").
     trials: int = Field(default=300, ge=2)
-    # The first step, relative to each literal's size; a pair [low, high]: each tuning draws its
-    # own, log-uniformly, so some refine and some jump to another basin (a step of 0.1 alone
-    # stalled in the nearest one).
-    sigma: float | tuple[float, float] = (0.1, 0.5)
+    # The first steps, relative to each literal's size: [small, large]. The first descent takes
+    # the small one (as plain CMA-ES would: never worse than it from the same start), restarts
+    # alternate the large one with a doubling population and steps below the small one (BIPOP;
+    # evolve/search/tuning.py). One number: that step for every descent.
+    sigma: float | tuple[float, float] = (0.05, 0.25)
     new_best: bool = True  # tune every LLM child that becomes its island's best ...
     # ... every valid one whose code changes more than its numbers (a new shape needs its own
     # numbers before it can be judged against a tuned parent) ...
@@ -117,6 +118,9 @@ class Tuning(Strict):
     # Where tuning's adaptive share stays: the floor of each operator. Measured once with the
     # 1.5B model at [0.2, 0.5] (seed 1): twice the LLM answers, and worse (docs/benchmarks/mutation.md).
     bounds: tuple[float, float] = (0.2, 0.8)
+    # Tuning's share at most this once it has raised nothing for a few cycles (allocation.py): on
+    # a plateau of its own the run-long record no longer holds the LLM at its floor. 1: no cap.
+    plateau_share: float = Field(default=0.5, gt=0, le=1)
 
     @field_validator("bounds")
     @classmethod
@@ -134,19 +138,27 @@ class Tuning(Strict):
             raise ValueError(f"expected a step above 0, or a pair [low, high] with 0 < low <= high; got {sigma}")
         return sigma
 
-    def draw_sigma(self, rng) -> float:
-        """This tuning's first step: `sigma`, or drawn log-uniformly from its [low, high]."""
-        if isinstance(self.sigma, float):
-            return self.sigma
-        low, high = self.sigma
-        return math.exp(rng.uniform(math.log(low), math.log(high)))
-
     @model_validator(mode="after")
     def _adaptive_needs_turns(self):
         if self.adaptive and not self.background:
             raise ValueError("adaptive moves the share of the LLM/tuning turns: set background "
                              "(the share to start from, e.g. 0.5) above 0")
         return self
+
+
+class Repair(Strict):
+    """Re-asks for LLM answers that ran and failed (evolve/search/repair.py): the broken child is
+    shown with the judge's reason, and the model asked for it mended. A near-miss (a new
+    construction with an undefined name, a call in the wrong order) is often one line from working.
+    """
+    # Re-asks of one broken answer, chained: a repair that fails again is re-asked with its own
+    # error, up to this many times in all (ShinkaEvolve re-asks up to 3). 0: no repair.
+    attempts: int = Field(default=0, ge=0)
+    per_call: int = Field(default=2, ge=1)  # broken answers of one LLM call that get re-asked
+    n: int = Field(default=2, ge=1)  # answers sampled per re-ask
+    # Only answers that change the program's structure: a failed change of numbers is the tuner's
+    # job, not worth a call.
+    structural_only: bool = True
 
 
 class Search(Strict):
@@ -156,6 +168,7 @@ class Search(Strict):
     # no other program (independent best-of-N sampling, the baseline evolution must beat)
     parents: Literal["archive", "seed"] = "archive"
     tuning: Tuning = Field(default_factory=Tuning)
+    repair: Repair = Field(default_factory=Repair)
     islands: int = Field(default=4, ge=1)
     exploit_ratio: float = Field(default=0.7, ge=0, le=1)
     explore_ratio: float = Field(default=0.2, ge=0, le=1)

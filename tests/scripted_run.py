@@ -109,13 +109,15 @@ class ScriptedClient:
 
 def write_problem(folder: Path, evaluations: int, tuning: dict | None = None,
                   calls: int | None = None) -> Path:
-    """The circle-packing problem on SEED in the Docker sandbox; tuning off unless given."""
+    """The circle-packing problem on SEED in the Docker sandbox; tuning off unless given, no
+    repair (its re-asks would be calls these tests do not script)."""
     data = yaml.safe_load(PROBLEM.read_text())
     del data["program"], data["policy"]  # a scripted run names its own policy
     data["program_code"] = SEED
     data["scorer"] = str(PROBLEM.parent / data["scorer"])
     data["sandbox"] = {"backend": "docker", "timeout_s": 3, "memory_mb": 1024, "cpus": 1}
-    data["search"].update(islands=2, migration_every=2, tuning=tuning or {"enabled": False})
+    data["search"].update(islands=2, migration_every=2, tuning=tuning or {"enabled": False},
+                          repair={"attempts": 0})
     data["budget"] = {"max_evaluations": evaluations, "max_llm_calls": calls, "llm_concurrency": 1,
                       "eval_concurrency": 2}
     path = folder / "problem.yaml"

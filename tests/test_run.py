@@ -18,7 +18,7 @@ from evolve.mutation.literals import float_literals
 from evolve.rundir import RunDir
 from evolve.serving.models import ensure_model
 from evolve.serving.server import VLLMServer
-from evolve.store.schema import Completion, Evaluation, LLMCall, Program
+from evolve.store.schema import Completion, Evaluation, LLMCall, Program, Tuning
 from evolve.store.schema import Session as RunSession
 
 pytestmark = pytest.mark.real
@@ -159,12 +159,14 @@ def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(se
     policy.write_text(policy.read_text() + "literal_digits: 2\n")
     run_dir = tmp_path / "run"
     run = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2,
-                 "--set", "search.tuning.trials=8", "--set", "search.tuning.share=1.0")
+                 "--set", "search.tuning.trials=24", "--set", "search.tuning.share=1.0")
     assert run.returncode == 0, run.stdout + run.stderr
     with db_session(run_dir) as s:
         llm = s.scalars(select(Program).where(Program.origin == "mutation")).all()
         tuned = s.scalars(select(Program).where(Program.origin == "tuned")).all()
-        assert len(llm) == 8 and tuned  # the seed is tuned at the start, whatever the LLM wrote
+        first = s.scalars(select(Tuning).order_by(Tuning.id)).first()
+        assert len(llm) == 8 and first is not None  # the seed is tuned at the start, whatever the LLM wrote
+        assert s.get(Program, first.parent_id).origin == "seed"
         hidden = 0  # no prompt shows a literal of an earlier program (the tuned seed's too) in full
         for call in s.scalars(select(LLMCall)):
             for shown in s.scalars(select(Program).where(Program.created_at < call.started_at)):
@@ -190,6 +192,63 @@ def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(se
     llm_done = sum(v for (o, _), v in counts.items() if o == "mutation")
     if llm_done:
         assert f"LLM {counts.get(('mutation', 'better'), 0)}/{llm_done} " in line
+
+
+def test_a_broken_answer_is_re_asked_of_the_real_model_and_its_repair_stored_with_its_lineage(
+        server, grid_problem, tmp_path):
+    """search.repair through the real parts: the first call's answers are replaced by one known
+    near-miss (a new offset, never defined: NameError in the sandbox); the engine re-asks the real
+    model with the judge's reason, and stores the repairs as children of the broken answer, each
+    evaluated, with its attempt in the lineage."""
+    from scripted_run import diff
+
+    from evolve.config import load_policy, load_problem
+    from evolve.judge.evaluator import Evaluator
+    from evolve.mutation.prompt import REPAIR
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
+    from evolve.serving.client import PolicyClient
+
+    stack = "    centers = np.stack([(index % side + 0.5) * cell, (index // side + 0.5) * cell], axis=1)"
+    broken = diff("Shift every centre by an offset.", stack, f"{stack}\n    centers = centers * 0.98 + offset")
+
+    class FirstCallBroken(PolicyClient):  # the real server answers every call; the first call's texts are replaced
+        first = True
+
+        async def sample(self, messages, n, seed=None, max_tokens=None):
+            sample = await super().sample(messages, n, seed, max_tokens)
+            if self.first and REPAIR not in messages[-1]["content"]:
+                self.first, sample.texts = False, [broken] * n
+            return sample
+
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text(f"name: test-qwen\nmodel: {MODEL}\nserver: {{embedded: true, port: {PORT}}}\n"
+                           "sampling: {temperature: 0.7, max_tokens: 320, group_size: 2, max_prompt_tokens: 4000}\n")
+    problem = load_problem(grid_problem).model_copy(deep=True)
+    problem.search.repair = problem.search.repair.model_copy(update={"attempts": 1, "n": 2})  # (off in write_problem)
+    problem.budget.max_llm_calls = 3
+    policy = load_policy(policy_path)
+    spec = {"policy": str(policy_path), "seed": 0, "db_url": f"sqlite:///{tmp_path / 'evolve.db'}",
+            "run_name": "repair"}
+    db = open_database(spec, problem, policy, tmp_path)
+    evaluator = Evaluator(problem)
+    client = FirstCallBroken(policy, server.base_url, MODEL)
+    try:
+        import asyncio
+        asyncio.run(Controller(problem, policy, db, evaluator, client, problem.budget, 0, lambda e: None).run())
+    finally:
+        evaluator.sandbox.close()
+    first = db.session.scalars(select(Program).where(Program.origin == "mutation").order_by(Program.id)).first()
+    assert first is not None and first.status == "error" and "offset" in first.error
+    reask = db.session.scalars(select(LLMCall).where(LLMCall.parent_id == first.id)).one()
+    assert "NameError" in reask.prompt and reask.n == 2 and reask.error is None  # the judge's words, the real model
+    repairs = db.session.scalars(select(Program).where(Program.parent_id == first.id)).all()
+    assert len(repairs) == 2 and all(p.origin == "repair" and p.generation == first.generation + 1 for p in repairs)
+    for p in repairs:
+        assert p.status != "pending" and p.completion_id is not None
+        if p.status != "mutation_failed" and p.duplicate_of is None:  # it ran: an evaluation of its own
+            assert db.session.scalars(select(Evaluation).where(Evaluation.program_id == p.id)).one()
+    db.close()
 
 
 SMOL, SMOL_PORT = "smollm2-135m-instruct", 8142

@@ -11,7 +11,8 @@ import numpy as np
 from evolve.config import Policy, Problem
 from evolve.mutation.code import MutationError, normalise, split_answers
 from evolve.mutation.literals import restored, rounded
-from evolve.mutation.prompt import ProgramText, Shown, answer_format, build_messages, make_child
+from evolve.mutation.prompt import REPAIR, ProgramText, Shown, answer_format, build_messages, make_child
+from evolve.mutation.versions import repair_messages
 
 
 def request_seed(*key: int) -> int:
@@ -29,6 +30,18 @@ def prompt(problem: Problem, policy: Policy, parent: Shown, inspirations: list,
     return build_messages(problem, shown(parent, digits), [shown(i, digits) for i in inspirations],
                           policy.answers, policy.sampling.max_prompt_tokens, fmt, directive,
                           view=policy.program_view, notes=policy.judge_notes), fmt
+
+
+def repair_prompt(problem: Problem, policy: Policy, broken: Shown, parent: Shown,
+                  call_index: int) -> tuple[list[dict], str]:
+    """The re-ask of a broken child (search.repair): it is shown with the judge's reason and the
+    model asked to mend it; the answer applies to the broken child."""
+    fmt = answer_format(policy, call_index)
+    digits = policy.literal_digits
+    if fmt == "complete":
+        return repair_messages(problem, shown(parent, digits), shown(broken, digits)), fmt
+    return build_messages(problem, shown(broken, digits), [], 1, policy.sampling.max_prompt_tokens, fmt,
+                          REPAIR, view=policy.program_view, plain_example=True, notes=True), fmt
 
 
 def asks_knob(problem: Problem, seed: int, call_index: int) -> bool:

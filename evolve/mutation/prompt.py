@@ -69,6 +69,12 @@ KNOB = ("Add one new number to the construction that the tuner can adjust later:
         "Keep everything else as it is.")
 
 
+# The re-ask of a broken answer (search.repair): the current program is the broken child, and
+# the judge's notes below it say why it failed.
+REPAIR = ("The current program fails: the judge's words are below it. Fix that error and keep the "
+          "idea of the program; change nothing else.")
+
+
 # The worked example of a knob request: a new number at its neutral value, used in the formula.
 KNOB_EDIT = ("Add a shift of every other point, neutral at 0.0, for the tuner to set.",
              "    points = [i * step for i in range(n)]",

@@ -77,15 +77,33 @@ def _body_indent(block: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> st
     return line[: len(line) - len(line.lstrip())]
 
 
+REPAIR_INSTRUCTIONS = """Below are versions of `{entry}`, the function that solves the problem, each \
+with its scores. The last one, `{entry}_v{last}`, fails: the judge's error is in the comment above \
+it. Write `{entry}_v{k}`: `{entry}_v{last}` with that error fixed, keeping its idea. Keep the \
+arguments and the return format."""
+MAX_ERROR_LINES, MAX_ERROR_CHARS = 4, 160  # what a failing version's comment quotes of the judge
+
+
+def _error_lines(error: str | None) -> list[str]:
+    """The judge's reason in a few lines: its first line, then the traceback's last frame (the
+    failing line of code) and the exception, without the caret lines."""
+    lines = [line.rstrip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return []
+    frame = [line for line in lines[1:] if not line.strip().startswith(("Traceback", "^", "~"))]
+    return [line[:MAX_ERROR_CHARS] for line in (lines[:1] + frame[-(MAX_ERROR_LINES - 1):])]
+
+
 def _short_scores(program, problem) -> str:
     if program.status != "ok":
-        return f"status {program.status}"
+        why = "".join(f"\n#   {line}" for line in _error_lines(getattr(program, "error", None)))
+        return f"status {program.status}{why}"
     head = "" if problem.headline == "objective" or program.headline is None else (
         f"{problem.headline} = {program.headline:.6f}, ")
     return f"{head}objective {program.objective:.4f}"
 
 
-def versions_prefix(problem, parent, inspirations: list) -> str:
+def versions_prefix(problem, parent, inspirations: list, purpose: str = "Improved") -> str:
     """The code the model continues: the fixed code around the block as an outline, the
     versions (inspirations by score, then the parent), and the new version's header."""
     entry = problem.entry_point
@@ -99,7 +117,7 @@ def versions_prefix(problem, parent, inspirations: list) -> str:
     node = _entry_node(block, entry)
     k = len(ordered)
     header = _versioned(_header(block, node), [entry], k)
-    doc = f'{_body_indent(block, node)}"""Improved version of {entry}_v{k - 1}."""\n'
+    doc = f'{_body_indent(block, node)}"""{purpose} version of {entry}_v{k - 1}."""\n'
     return "```python\n" + "\n".join(parts) + f"\n\n{header}{doc}"
 
 
@@ -110,6 +128,17 @@ def versions_messages(problem, parent, inspirations: list) -> list[dict]:
     user = f"## Problem\n{problem.description.strip()}\n\n## Task\n{task}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user},
             {"role": "assistant", "content": versions_prefix(problem, parent, inspirations)}]
+
+
+def repair_messages(problem, parent, broken) -> list[dict]:
+    """The re-ask of a broken answer: the parent as v0, the broken child as v1 with the judge's
+    error above it, and v2 to write (the fix of v1)."""
+    task = REPAIR_INSTRUCTIONS.format(entry=problem.entry_point, k=2, last=1)
+    user = f"## Problem\n{problem.description.strip()}\n\n## Task\n{task}"
+    # versions_prefix sorts the others by score and puts its `parent` last: the broken child
+    prefix = versions_prefix(problem, broken, [parent], purpose="Fixed")
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user},
+            {"role": "assistant", "content": prefix}]
 
 
 def _function_body(completion: str) -> str:

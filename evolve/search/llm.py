@@ -18,7 +18,6 @@ from evolve.mutation import pipeline
 from evolve.mutation.prompt import KNOB, Shown, dump_messages
 from evolve.search.operator import Engine, Step
 from evolve.serving.client import Sample, Sampler
-from evolve.store.database import Ask
 from evolve.store.schema import Completion, LLMCall, Program
 
 
@@ -91,21 +90,27 @@ class LLMMutation:
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=engine.db.policy_version().version,
                        model=self.client.model, prompt=dump_messages(messages),
                        n=self.policy.sampling.group_size, started_at=time.time())
-        sample = await self._sample(call, messages, call_index)
+        sample = await self.sample(call, messages, call_index)
         if sample is None:
             return Step(0)
-        call.model = sample.model or call.model  # an ensemble's member that answered
-        call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
-        call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
-        with engine.db.batch():  # the call, its completions and its children: all or nothing
-            engine.db.add_call(call)
-            children = self._children(ask, call, sample, fmt)
-        engine.ledger.stats.tokens += sample.completion_tokens or 0
-        engine.ledger.stats.llm_s += sample.latency_s
+        children = self.record(call, sample, ask.parent, fmt, self.origin)
         engine.tasks.spawn(self._finish(island, children))
         return Step(sum(child.status == "pending" for child in children))
 
-    async def _sample(self, call: LLMCall, messages: list[dict], call_index: int) -> Sample | None:
+    def record(self, call: LLMCall, sample: Sample, parent: Program, fmt: str, origin: str) -> list[Program]:
+        """Store the call, its completions and every answer as a child of `parent`, all or nothing."""
+        engine = self.engine
+        call.model = sample.model or call.model  # an ensemble's member that answered
+        call.prompt_tokens, call.completion_tokens = sample.prompt_tokens, sample.completion_tokens
+        call.latency_s, call.prompt_token_ids = sample.latency_s, sample.prompt_token_ids
+        with engine.db.batch():
+            engine.db.add_call(call)
+            children = self._children(parent, call, sample, fmt, origin)
+        engine.ledger.stats.tokens += sample.completion_tokens or 0
+        engine.ledger.stats.llm_s += sample.latency_s
+        return children
+
+    async def sample(self, call: LLMCall, messages: list[dict], call_index: int) -> Sample | None:
         """The group, or None where the call failed (recorded) or the wall time cut it."""
         engine = self.engine
         # Cut at the wall time: a call of 8 answers takes minutes on two CPU cores, and a run
@@ -136,7 +141,7 @@ class LLMMutation:
         call.error, call.latency_s = "cancelled", time.time() - call.started_at
         self.engine.db.add_call(call)
 
-    def _children(self, ask: Ask, call: LLMCall, sample: Sample, fmt: str) -> list[Program]:
+    def _children(self, parent: Program, call: LLMCall, sample: Sample, fmt: str, origin: str) -> list[Program]:
         """Store every answer as a child right away: pending, or a failed mutation."""
         engine, children = self.engine, []
         for i, text in enumerate(sample.texts):
@@ -147,11 +152,11 @@ class LLMMutation:
                                     finish_reason=sample.finish_reasons[i])
             engine.db.add(completion)
             for j, text_j in enumerate(pipeline.answers(text, self.policy.answers)):
-                child = Program(island=ask.island, parent_id=ask.parent.id, origin=self.origin,
-                                generation=ask.parent.generation + 1, completion_id=completion.id,
+                child = Program(island=call.island, parent_id=parent.id, origin=origin,
+                                generation=parent.generation + 1, completion_id=completion.id,
                                 answer_index=j, status="pending")
                 engine.ledger.stats.answers += 1
-                answer = pipeline.apply(cast(Shown, ask.parent).code, text_j, fmt, engine.problem.entry_point,
+                answer = pipeline.apply(cast(Shown, parent).code, text_j, fmt, engine.problem.entry_point,
                                         self.policy.literal_digits)
                 if answer.child is not None:
                     child.code = answer.child

@@ -1,6 +1,7 @@
 """Which operator gets the cores, and when.
 
-- The LLM alone, or beside tuning without turns: `llm_concurrency` loops of calls; the tuner
+- The LLM alone, or beside tuning without turns: `llm_concurrency` loops of calls (re-asks of
+  broken answers, search.repair, ahead of new ones); the tuner
   tunes each child worth it in a task of its own as soon as it is stored.
 - Tuning alone (`search.llm: false`): one loop of tunings keeps the evaluators busy.
 - Turns (`tuning.background`): the LLM and tuning take turns with the cores, tuning's share of a
@@ -21,6 +22,7 @@ from evolve.rundir import Stop
 from evolve.search.allocation import Allocation
 from evolve.search.llm import LLMMutation
 from evolve.search.operator import Engine, Operator
+from evolve.search.repair import Repair
 from evolve.search.tuner import Tuner
 from evolve.serving.client import Sampler
 from evolve.store.schema import Program, Turn
@@ -32,7 +34,10 @@ def operators(engine: Engine, policy: Policy, client: Sampler | None, hook=None)
     ops: list[Operator] = []
     if search.llm:
         assert client is not None, "an LLM search needs a policy client"
-        ops.append(LLMMutation(engine, policy, client, hook))
+        llm = LLMMutation(engine, policy, client, hook)
+        ops.append(llm)
+        if search.repair.attempts:
+            ops.append(Repair(engine, llm, policy, search.repair))
     if search.tuning.enabled:
         ops.append(Tuner(engine, search.tuning, queued=search.llm and search.tuning.background > 0,
                          generations=not search.llm))
@@ -44,8 +49,9 @@ class Scheduler:
         self.engine = engine
         self.llm = next((op for op in ops if isinstance(op, LLMMutation)), None)
         self.tuner = next((op for op in ops if isinstance(op, Tuner)), None)
+        self.repair = next((op for op in ops if isinstance(op, Repair)), None)
         t = engine.problem.search.tuning
-        self.allocation = Allocation(t.background, t.adaptive, *t.bounds)
+        self.allocation = Allocation(t.background, t.adaptive, *t.bounds, plateau_share=t.plateau_share)
         self.llm_turn = asyncio.Event()  # clear while tuning has the cores
         self.llm_turn.set()
 
@@ -78,7 +84,10 @@ class Scheduler:
             if not self.llm_turn.is_set():
                 await self.llm_turn.wait()
                 continue
-            await llm.step()
+            if self.repair is not None and self.repair.waiting and not llm.training():
+                await self.repair.step()  # a near-miss first: it is one fix from working
+            else:
+                await llm.step()
         return reason
 
     async def _tune_loop(self, tuner: Tuner) -> str | None:

@@ -72,22 +72,29 @@ class Tuner:
         return step
 
     async def tune(self, parent: Program) -> Step:
-        """Tune one program's literals; the best trial is stored as a `tuned` child. Spends 0
-        trials where there is nothing to tune, or no budget."""
+        """Tune one program's literals; the best trial, where it beats the parent, is stored as
+        a `tuned` child, and the tuning as a row either way. Spends 0 trials where there is
+        nothing to tune, or no budget."""
         t, engine = self.config, self.engine
         if parent.code is None or parent.objective is None:  # not an evaluated program
             return Step(0)
         started = time.time()
-        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.draw_sigma(engine.rng),
-                           pipeline.request_seed(engine.seed, parent.id), t.max_literals, engine.rng)
-        if tuned.best is None:
+        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
+                           pipeline.request_seed(engine.seed, parent.id, engine.db.tunings_of(parent.id)),
+                           t.max_literals, engine.rng)
+        row = Tuning(run_id=engine.db.run_id, parent_id=parent.id, trials=tuned.trials,
+                     parameters=tuned.parameters, start_objective=parent.objective,
+                     best_objective=tuned.best.objective if tuned.best else None, started_at=started,
+                     elapsed_s=time.time() - started)
+        if tuned.best is None or tuned.best.result is None:
+            if tuned.trials:  # its trials were spent all the same: the row counts them
+                engine.db.add(row)
+                engine.emit("tuned", f"tuned #{parent.id}: {tuned.parameters} literals, {tuned.trials} trials, "
+                            f"none above {parent.objective:.4f}", parent=parent.id, program=None,
+                            trials=tuned.trials, parameters=tuned.parameters, objective=None, outcome=None)
             return Step(tuned.trials)
         child = Program(island=parent.island, parent_id=parent.id, origin=self.origin,
                         generation=parent.generation + 1, code=tuned.best.code, status="pending")
-        row = Tuning(run_id=engine.db.run_id, parent_id=parent.id, trials=tuned.trials,
-                     parameters=tuned.parameters, start_objective=parent.objective,
-                     best_objective=tuned.best.objective, started_at=started,
-                     elapsed_s=time.time() - started)
         engine.store(child, tuned.best.result, started, row)
         engine.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
                     f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
@@ -100,4 +107,4 @@ class Tuner:
         if self.engine.ledger.left() not in (None, Stop.LLM_CALLS):
             return None  # out of time, or the target is met: a tuning stops mid-way
         ran = await self.engine.claimed_run(code)
-        return None if ran is None else Trial(code, ran[0].objective, ran[0])
+        return None if ran is None else Trial(code, ran[0].objective, ran[0], ran[0].status == "ok")

@@ -7,6 +7,11 @@ scored trials, where the 1.5B model's best of 64 answers was 1.878). So the LLM 
 and this operator moves its numbers: every float literal of the block becomes one coordinate
 of a vector, and each trial is an ordinary candidate scored through the same sandbox and judge.
 
+A tuning is never worse than plain CMA-ES from the same start: the start is its first incumbent
+(a tuning returns nothing rather than a child below its parent), the first descent takes small
+steps as `cma`'s defaults would, and restarts then alternate large steps with a growing population
+and small ones (BIPOP), where one draw of a large step used to wreck a seed it did not suit.
+
 CMA-ES (the `cma` package) rather than TPE or SMAC: the literals are continuous and few (a
 handful to a dozen), the trials of one population can run in parallel, and it needs no model
 of its own to fit between trials.
@@ -29,28 +34,71 @@ from evolve.mutation.literals import float_literals, substitute
 class Trial:
     code: str
     objective: float  # the judge's objective; a failed candidate scores what the judge gave it
-    result: Judgement  # the evaluator's, kept so the best trial needs no second run
+    result: Judgement | None  # the evaluator's, kept so the best trial needs no second run
+    ok: bool = True  # the judge accepted it
 
 
 @dataclass
 class Tuned:
-    best: Trial | None  # None: nothing to tune, or no trial ran
+    best: Trial | None  # the best trial above the start; None: nothing beat it, nothing to tune
     trials: int
     parameters: int
     start_objective: float
+    descents: int = 0  # CMA-ES runs: the first and its restarts
 
 
 Evaluate = Callable[[str], Awaitable[Trial | None]]  # None: the budget is spent, stop
 
+# A descent that has not raised its own best in this many trials (and three generations) has
+# stalled: restart, instead of spending the rest of the tuning where it sits.
+STALL_TRIALS = 100
+# Fewer than this share of a descent's first generation accepted by the judge: its steps are
+# too large for this program (a radius scaled up overlaps), so that regime's step is quartered.
+MIN_ACCEPTED = 0.25
 
-async def tune(program: str, objective: float, evaluate: Evaluate, trials: int, sigma: float,
-               seed: int, max_parameters: int, rng: np.random.Generator) -> Tuned:
-    """CMA-ES over the block's float literals, `trials` scored candidates at most.
 
-    Each coordinate is a relative change: value = start + scale * z with scale = |start| (1 for
-    a zero), so one sigma suits literals of every magnitude. With more literals than
-    `max_parameters`, a random subset is tuned and the rest kept (CMA-ES needs far more trials
-    than a tuning may spend once it has dozens of coordinates).
+@dataclass
+class Restarts:
+    """BIPOP's schedule, in the small: the first descent refines near the start with a small step;
+    the restarts then alternate a large step with a population that doubles each time (IPOP:
+    the global view) and a small step drawn below the first (the local view). Every restart
+    begins at the best point so far (Hansen 2009, "Benchmarking a BI-population CMA-ES")."""
+    small: float
+    large: float
+    popsize: int
+    rng: np.random.Generator
+    count: int = 0
+    large_runs: int = 0
+
+    def next(self) -> tuple[float, int]:
+        """The (first step, population) of the next descent."""
+        self.count += 1
+        if self.count == 1:
+            return self.small, self.popsize
+        if self.count % 2 == 0:
+            self.large_runs += 1
+            return self.large, self.popsize * 2 ** self.large_runs
+        return self.small * 10 ** -self.rng.uniform(0, 1), self.popsize
+
+    def refused(self, sigma: float) -> None:
+        """The judge refused most of a descent's first generation at this step: smaller steps."""
+        if sigma >= self.large:
+            self.large = max(self.small, self.large / 4)
+        else:
+            self.small /= 4
+
+
+async def tune(program: str, objective: float, evaluate: Evaluate, trials: int,
+               sigma: float | tuple[float, float], seed: int, max_parameters: int,
+               rng: np.random.Generator) -> Tuned:
+    """CMA-ES with restarts over the block's float literals, `trials` scored candidates at most.
+
+    The start is the first incumbent (its objective is known), so a tuning never returns below
+    the program it tuned. Each coordinate is a relative change: value = start + scale * z with
+    scale = |start| (1 for a zero), so one step suits literals of every magnitude; `sigma` is the
+    (small, large) pair of first steps of the restarts (Restarts), or one step for all. With more
+    literals than `max_parameters`, a random subset is tuned and the rest kept (CMA-ES needs far
+    more trials than a tuning may spend once it has dozens of coordinates).
     """
     literals = float_literals(program)
     if len(literals) > max_parameters:
@@ -58,29 +106,77 @@ async def tune(program: str, objective: float, evaluate: Evaluate, trials: int, 
         literals = [literals[i] for i in keep]
     if not literals:
         return Tuned(None, 0, 0, objective)
-    import cma
-
     start = np.array([lit.value for lit in literals])
     scale = np.where(start != 0, np.abs(start), 1.0)
+    small, large = (sigma, sigma) if isinstance(sigma, (int, float)) else sigma
+    restarts = Restarts(small, large, _popsize(len(literals)), rng)
+    incumbent = Incumbent(np.zeros(len(literals)), objective)
+
+    async def run(z: np.ndarray) -> Trial | None:
+        return await evaluate(substitute(program, literals, start + scale * z))
+
+    spent = 0
+    while spent < trials:
+        step, popsize = restarts.next()
+        ran = await _descent(run, incumbent, step, popsize, seed + restarts.count, trials - spent)
+        spent += ran.trials
+        if not ran.trials:  # cma stopped before its first generation: nothing more to learn
+            break
+        if ran.refused:
+            restarts.refused(step)
+        if ran.cut:
+            break
+    return Tuned(incumbent.trial, spent, len(literals), objective, restarts.count)
+
+
+@dataclass
+class Incumbent:
+    """The best point so far (z, objective) and its trial; the start has no trial."""
+    z: np.ndarray
+    objective: float
+    trial: Trial | None = None
+
+    def offer(self, z: np.ndarray, trial: Trial) -> bool:
+        if trial.objective <= self.objective:
+            return False
+        self.z, self.objective, self.trial = np.asarray(z, dtype=float), trial.objective, trial
+        return True
+
+
+@dataclass
+class Descent:
+    trials: int
+    refused: bool = False  # the judge refused most of its first generation
+    cut: bool = False  # the budget (or the tuning's trials) ran out mid-population
+
+
+async def _descent(run: Callable[[np.ndarray], Awaitable[Trial | None]], incumbent: Incumbent,
+                   sigma: float, popsize: int, seed: int, trials: int) -> Descent:
+    """One CMA-ES run from the incumbent until it stops, stalls or spends `trials`."""
+    import cma
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cma warns about one-dimensional problems
-        es = cma.CMAEvolutionStrategy(np.zeros(len(literals)), sigma,
-                                      {"seed": seed + 1, "verbose": -9, "popsize": _popsize(len(literals))})
-    best: Trial | None = None
-    spent = 0
+        es = cma.CMAEvolutionStrategy(incumbent.z, sigma, {"seed": seed, "verbose": -9, "popsize": popsize})
+    spent, generations, own_best, last_gain = 0, 0, -math.inf, 0
     while spent < trials and not es.stop():
         zs = es.ask()[: trials - spent]
-        results = await asyncio.gather(*(evaluate(substitute(program, literals, start + scale * z))
-                                         for z in zs))
-        ran = [r for r in results if r is not None]
+        results = await asyncio.gather(*(run(z) for z in zs))
+        ran = [(z, r) for z, r in zip(zs, results) if r is not None]
         spent += len(ran)
-        for trial in ran:
-            if best is None or trial.objective > best.objective:
-                best = trial
-        if len(ran) < es.popsize:
-            break  # the budget ran out, or the trials did: a partial population cannot be told
-        es.tell(zs, [-r.objective for r in ran])
-    return Tuned(best, spent, len(literals), objective)
+        generations += 1
+        for z, trial in ran:
+            incumbent.offer(z, trial)
+            if trial.objective > own_best:
+                own_best, last_gain = trial.objective, spent
+        if len(ran) < es.popsize:  # a partial population cannot be told
+            return Descent(spent, cut=True)
+        if generations == 1 and sum(t.ok for _, t in ran) < MIN_ACCEPTED * len(ran):
+            return Descent(spent, refused=True)
+        es.tell(zs, [-trial.objective for _, trial in ran])
+        if generations >= 3 and spent - last_gain >= STALL_TRIALS:
+            break
+    return Descent(spent)
 
 
 def _popsize(dims: int) -> int:

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 from alembic import command
@@ -38,6 +38,7 @@ from evolve.store.schema import (
     Program,
     Run,
     TrainingStep,
+    Tuning,
     Turn,
 )
 from evolve.store.schema import Session as RunSession
@@ -305,13 +306,27 @@ class ProgramDatabase:
             program.cell = cell_of(program.descriptors, self.axes)
         if program.status in EVALUATED and program.parent_id is not None and program.origin != "migration":
             program.outcome = "same" if program.duplicate_of is not None else \
-                outcome(program, self.get(program.parent_id))
+                outcome(program, self._compared_with(program))
         if evaluation is not None:
             evaluation.program_id = program.id
             self.session.add(evaluation)
         placed = self._place(program)
         self._commit()
         return placed
+
+    def _compared_with(self, program: Program) -> Program:
+        """The program a child's outcome is judged against: its parent; for a repair, the last
+        working program of its lineage (the broken answers it mends are no yardstick)."""
+        parent = self.get(cast(int, program.parent_id))  # (tell_result asks only for a child)
+        while program.origin == "repair" and parent.status != "ok" and parent.parent_id is not None:
+            parent = self.get(parent.parent_id)
+        return parent
+
+    def call_of(self, program: Program) -> int | None:
+        """The LLM call whose answer made this program (None: not an LLM answer)."""
+        if program.completion_id is None:
+            return None
+        return found(self.session.get(Completion, program.completion_id), "completion").call_id
 
     def _place(self, program: Program) -> bool:
         if program.status != "ok":
@@ -365,6 +380,11 @@ class ProgramDatabase:
     def turns(self) -> list[Turn]:
         """The run's cycles of turns between the LLM and tuning, oldest first."""
         return list(self.session.scalars(select(Turn).where(Turn.run_id == self.run_id).order_by(Turn.id)))
+
+    def tunings_of(self, parent_id: int) -> int:
+        """How many times this program was tuned (each tuning draws its own optimiser seed)."""
+        return self.session.execute(select(func.count()).select_from(Tuning)
+                                    .where(Tuning.run_id == self.run_id, Tuning.parent_id == parent_id)).scalar() or 0
 
     def pending(self) -> list[Program]:
         """Children stored but not evaluated (a session stopped first), oldest first."""

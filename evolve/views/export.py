@@ -79,14 +79,21 @@ PROGRAM_COLUMNS = (Program.id, Program.island, Program.parent_id, Program.genera
 
 def _evaluated(conn, run_id: int, tunings: bool) -> list:
     """(program, status, headline, objective, origin, evaluations it stands for) in the order
-    evaluations finished. `tunings`: the schema has them (a run of an older evolve may not)."""
+    evaluations finished; a tuning that stored no child is a row of its own (program None).
+    `tunings`: the schema has them (a run of an older evolve may not)."""
     query = select(Program.id, Evaluation.status, Program.headline, Program.objective, Program.origin,
-                   Tuning.trials if tunings else literal(None).label("trials")) \
+                   Tuning.trials if tunings else literal(None).label("trials"),
+                   (Evaluation.started_at + Evaluation.elapsed_s).label("end")) \
         .join(Program, Program.id == Evaluation.program_id)
     if tunings:
         query = query.outerjoin(Tuning, Tuning.child_id == Program.id)
-    rows = conn.execute(query.where(Program.run_id == run_id).order_by(Evaluation.id)).all()
-    return [(*row[:5], evaluation_units(row.origin, row.trials)) for row in rows]
+    rows = [(row.end, (*row[:5], evaluation_units(row.origin, row.trials)))
+            for row in conn.execute(query.where(Program.run_id == run_id).order_by(Evaluation.id))]
+    if tunings:
+        rows += [(row.end, (None, "none", None, None, "tuned", row.trials)) for row in conn.execute(
+            select(Tuning.trials, (Tuning.started_at + Tuning.elapsed_s).label("end"))
+            .where(Tuning.run_id == run_id, Tuning.child_id.is_(None)))]
+    return [row for _, row in sorted(rows, key=lambda item: item[0])]
 
 
 def _elites(conn, run_id: int) -> list:

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from sqlalchemy.exc import DatabaseError
 from evolve.config import Problem
 from evolve.rundir import InspectError, RunDir
 from evolve.store.connection import readonly_engine
-from evolve.store.counts import evaluation_units
+from evolve.store.counts import LLM_ORIGINS, evaluation_units
 from evolve.store.schema import (
     Cell,
     Completion,
@@ -43,7 +44,7 @@ FAILED = ("invalid", "error", "timeout")
 NOT_MADE = ("seed", "migration")  # origins of programs no operator made
 # How views name an operator's children (evolve/search/operator.py: an operator's `origin`);
 # an origin not listed here is shown by its own name.
-LABELS = {"mutation": "LLM", "tuned": "tuned"}
+LABELS = {"mutation": "LLM", "repair": "LLM repair", "tuned": "tuned"}
 
 
 # ---- the snapshot ------------------------------------------------------------------------------
@@ -203,12 +204,24 @@ class _IslandAcc:
     best: tuple | None = None  # (objective, -id, id, headline, created_at)
 
 
+class Childless(NamedTuple):
+    """A tuning that stored no child, read like an evaluation row."""
+    trials: int
+    origin: str = "tuned"
+    status: str = "none"
+    backend: str = ""
+    objective: float | None = None
+    program: int | None = None
+    headline: float | None = None
+
+
 @dataclass
 class _Acc:
     """Running totals over the rows read so far."""
     last_program: int = 0
     pending: set = field(default_factory=set)  # ids stored as pending: re-read until settled
     last_evaluation: int = 0
+    last_tuning: int = 0
     last_call: int = 0
     islands: dict = field(default_factory=dict)
     children: dict = field(default_factory=dict)
@@ -368,38 +381,47 @@ class RunReader:
         self._touch(row.created_at)
 
     def _read_evaluations(self, conn) -> None:
-        """Evaluations in the order they finished: the x axis of best-versus-evaluations."""
+        """Evaluations in the order they finished: the x axis of best-versus-evaluations. A tuned
+        child's row stands for its tuning's trials; a tuning that stored no child is read from
+        its own row (evolve/store/counts.py)."""
         acc = self.acc
-        # A tuned child's evaluation stands for all the trials of its tuning (same commit):
-        # evolve/store/counts.py says what each row counts.
-        trials = Tuning.trials if self.has_table("tunings") else text("NULL AS trials")
+        tunings = self.has_table("tunings")
+        trials = Tuning.trials if tunings else text("NULL AS trials")
         query = (select(Evaluation.id, Evaluation.status, Evaluation.started_at, Evaluation.elapsed_s,
                         Evaluation.backend, Program.id.label("program"), Program.run_id, Program.origin, Program.objective,
                         Program.headline, trials)
                  .join(Program, Program.id == Evaluation.program_id))
-        if self.has_table("tunings"):
+        if tunings:
             query = query.outerjoin(Tuning, Tuning.child_id == Program.id)
         rows = conn.execute(  # no run_id condition here either: see _read_programs
-            query.where(Evaluation.id > acc.last_evaluation).order_by(Evaluation.id))
-        for row in rows:
-            acc.last_evaluation = row.id
-            if row.run_id != self.run_id:
-                continue
-            acc.backend = row.backend
-            end = row.started_at + row.elapsed_s
+            query.where(Evaluation.id > acc.last_evaluation).order_by(Evaluation.id)).all()
+        if rows:
+            acc.last_evaluation = rows[-1].id
+        ran = [(row.started_at + row.elapsed_s, row) for row in rows if row.run_id == self.run_id]
+        for end, row in sorted(ran + self._childless_tunings(conn), key=lambda item: item[0]):
             units = evaluation_units(row.origin, row.trials)
             acc.evaluations += units
-            if row.origin == "mutation":
+            self._touch(end)
+            if row.origin in LLM_ORIGINS:
                 acc.recent_evals.append((end, row.status))
-                self._touch(end)
             elif row.origin == "tuned":
                 acc.trials += units
                 acc.recent_trials.append((end, units))
-                self._touch(end)
+            acc.backend = row.backend or acc.backend
             if row.status == "ok" and (acc.best is None or (row.objective, -row.program) > acc.best[:2]):
                 acc.best = (row.objective, -row.program, row.program, row.headline)
-                acc.series.append((acc.evaluations, row.headline, row.objective, row.program,
-                                   row.started_at + row.elapsed_s))
+                acc.series.append((acc.evaluations, row.headline, row.objective, row.program, end))
+
+    def _childless_tunings(self, conn) -> list:
+        """The tunings that beat nothing since the last read, as (end, row) like an evaluation's."""
+        if not self.has_table("tunings"):
+            return []
+        rows = conn.execute(select(Tuning.id, Tuning.trials, Tuning.started_at, Tuning.elapsed_s)
+                            .where(Tuning.run_id == self.run_id, Tuning.id > self.acc.last_tuning,
+                                   Tuning.child_id.is_(None)).order_by(Tuning.id)).all()
+        if rows:
+            self.acc.last_tuning = rows[-1].id
+        return [(row.started_at + row.elapsed_s, Childless(row.trials)) for row in rows]
 
     def _read_calls(self, conn) -> None:
         acc = self.acc
@@ -537,8 +559,10 @@ class RunReader:
             operators=self._operators(), backend=acc.backend, models=models)
 
     def _operators(self) -> dict:
-        """Rates per operator that made children in this run, the LLM's first."""
-        origins = sorted({k[0] for k in self.acc.outcomes} | {"mutation"}, key=lambda o: (o != "mutation", o))
+        """Rates per operator that made children in this run (or tuned, if only to beat nothing),
+        the LLM's first."""
+        made = {k[0] for k in self.acc.outcomes} | {"mutation"} | ({"tuned"} if self.acc.trials else set())
+        origins = sorted(made, key=lambda o: (o != "mutation", o))
         out = {}
         for origin in origins:
             counts = {k[1]: v for k, v in self.acc.outcomes.items() if k[0] == origin}

@@ -93,18 +93,18 @@ def llm_shapes(run_dir: Path, limit: int) -> dict[str, str]:
 
 
 async def ceiling(evaluator: Evaluator, code: str, rounds: int, trials: int, tuning, seed: int) -> dict:
-    """Tune `code` for `rounds` rounds chained on the best, each with a step drawn as the
-    search draws it (`tuning`: the problem's search.tuning, or a fixed sigma)."""
+    """Tune `code` for `rounds` rounds chained on the best, with the search's steps (`tuning`:
+    the problem's search.tuning, or another sigma)."""
     async def trial(variant: str) -> Trial:
         r = await evaluator.evaluate(variant)
-        return Trial(variant, r.objective if r.status == "ok" else 0.0, r)
+        return Trial(variant, r.objective if r.status == "ok" else 0.0, r, r.status == "ok")
     start = await evaluator.evaluate(code)
     best_code, best = code, start.objective if start.status == "ok" else 0.0
     headline, curve = start.headline, [best]
     for k in range(rounds):
         s = request_seed(seed, k)
         rng = np.random.default_rng(s)
-        tuned = await tune(best_code, best, trial, trials, tuning.draw_sigma(rng), s, tuning.max_literals, rng)
+        tuned = await tune(best_code, best, trial, trials, tuning.sigma, s, tuning.max_literals, rng)
         if tuned.best is not None and tuned.best.objective > best:
             best_code, best, headline = tuned.best.code, tuned.best.objective, tuned.best.result.headline
         curve.append(best)
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("problem", type=Path)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--trials", type=int, help="CMA-ES trials per round (default: the problem's)")
-    ap.add_argument("--sigma", type=float, nargs="+", help="a first step, or LOW HIGH to draw from "
+    ap.add_argument("--sigma", type=float, nargs="+", help="one first step, or SMALL LARGE for the restarts "
                     "(default: the problem's search.tuning.sigma)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="optimiser seeds (a row each)")
     ap.add_argument("--families", nargs="*", metavar="NAME",

@@ -101,7 +101,7 @@ def reask(messages: list[dict], answer: str, error: str, m: int, fmt: str) -> li
 async def _tuned(evaluator, code: str, objective: float, trials: int, seed: int) -> float:
     async def trial(variant: str) -> Trial:
         r = await evaluator.evaluate(variant)
-        return Trial(variant, r.objective if r.status == "ok" else 0.0, r)
+        return Trial(variant, r.objective if r.status == "ok" else 0.0, r, r.status == "ok")
     tuned = await tune(code, objective, trial, trials, 0.1, seed, 12, np.random.default_rng(seed))
     return max(objective, tuned.best.objective if tuned.best else objective)
 

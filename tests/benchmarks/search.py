@@ -7,11 +7,16 @@ table and a PNG of best headline against wall time:
     python tests/benchmarks/search.py problems/circle_packing.yaml --minutes 30 --seeds 0 1 2
     python tests/benchmarks/search.py problems/circle_packing.yaml --arms evolve --minutes 60
     python tests/benchmarks/search.py --report runs/bench-circle_packing   # tables again
+    python tests/benchmarks/search.py problems/circle_packing.yaml --arms evolve --seeds 11 12 \
+        --held-out 11 12      # seeds no default was chosen on, reported apart
+    python tests/benchmarks/search.py problems/circle_packing_ring.yaml --seeds 0   # a foreign seed
 
 Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve       the default: LLM mutations + in-the-loop tuning, the turns following the yield
   evolve_fixed the same with a fixed share of the time for tuning (tuning.adaptive off)
   evolve_knobs / evolve_noknobs   half / none of the LLM calls ask for a knob (tuning.knobs)
+  evolve_norepair   no re-asks of broken answers (search.repair.attempts=0)
+  evolve_noplateau  no cap on tuning's share on its plateau (search.tuning.plateau_share=1)
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -51,6 +56,8 @@ ARMS = {
     "evolve_fixed": ["search.tuning.adaptive=false"],  # an ablation: the turns keep their shares
     "evolve_knobs": ["search.tuning.knobs=0.5"],  # half the calls ask for a new number to tune
     "evolve_noknobs": ["search.tuning.knobs=0"],
+    "evolve_norepair": ["search.repair.attempts=0"],  # broken answers are not re-asked
+    "evolve_noplateau": ["search.tuning.plateau_share=1.0"],  # tuning's record holds on its plateau
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
@@ -104,7 +111,7 @@ def measure(run_dir: Path, minutes: float) -> dict:
                                 Evaluation.started_at + Evaluation.elapsed_s)
                          .join(Evaluation, Evaluation.program_id == Program.id)
                          .order_by(Evaluation.id)).all()
-        trials = dict(s.execute(select(Tuning.child_id, Tuning.trials)).all())
+        tunings = s.execute(select(Tuning.trials, Tuning.started_at + Tuning.elapsed_s)).all()
         answers = s.scalar(select(func.count(Program.id)).where(Program.origin == "mutation"))
         applied = s.scalar(select(func.count(Program.id)).where(
             Program.origin == "mutation", Program.status != "mutation_failed"))
@@ -119,12 +126,14 @@ def measure(run_dir: Path, minutes: float) -> dict:
             for (start, _), bound in zip(sessions, bounds)]
     clock = active_clock(meta["launches"], [(start, end or last[i]) for i, (start, end) in enumerate(sessions)])
     horizon = minutes * 60
-    best, curve, evaluations, found_by = None, [], 0, {"seed": 0, "mutation": 0, "tuned": 0}
-    per_op = {op: {"evaluated": 0, "better": 0, "same": 0} for op in ("mutation", "tuned")}
+    best, curve, found_by = None, [], {"seed": 0, "mutation": 0, "repair": 0, "tuned": 0}
+    # the budget's unit (evolve/store/counts.py): an LLM child 1, a tuning its trials, child or not
+    evaluations = sum(n for n, end in tunings if clock(end) <= horizon)
+    per_op = {op: {"evaluated": 0, "better": 0, "same": 0} for op in ("mutation", "repair", "tuned")}
     for pid, origin, status, objective, headline, outcome, dup, end in rows:
         if clock(end) > horizon:
             continue
-        evaluations += trials.get(pid, 1) if origin in ("mutation", "tuned") else 0
+        evaluations += origin in ("mutation", "repair")
         if origin in per_op:
             per_op[origin]["evaluated"] += 1
             per_op[origin]["better"] += outcome == "better"
@@ -160,7 +169,8 @@ def llm_ancestors(lineage: dict, pid: int) -> int:
     count = 0
     while pid is not None:
         parent, origin, code = lineage[pid]
-        if origin == "mutation" and parent is not None and changes_structure(lineage[parent][2], code):
+        if origin in ("mutation", "repair") and parent is not None and lineage[parent][2] is not None \
+                and changes_structure(lineage[parent][2], code):
             count += 1
         pid = parent
     return count
@@ -170,25 +180,32 @@ def rate(d: dict, key: str) -> str:
     return f"{d[key]}/{d['evaluated']} ({d[key] / d['evaluated']:.1%})" if d["evaluated"] else "-"
 
 
-def table(results: dict, minutes: float, headline: str) -> str:
+def table(results: dict, minutes: float, headline: str, held_out: set[int] | None = None) -> str:
+    """One row per run; `held_out`: the run seeds no default was chosen on (marked, and their
+    medians given apart from the others')."""
     lines = [f"| arm | seed | best {headline} at {minutes:g} min | found by | first improvement (min) | "
-             "evals/min | valid answers | improving LLM | improving tuned | same as parent (LLM) | "
-             "tok/s generating | LLM shapes in the best's lineage |", "|" + "---|" * 12]
+             "evals/min | valid answers | improving LLM | improving repairs | improving tuned | "
+             "same as parent (LLM) | tok/s generating | LLM shapes in the best's lineage |", "|" + "---|" * 13]
+    mark = (lambda seed: f"{seed} (held out)" if seed in held_out else str(seed)) if held_out else str
     for (arm, seed), r in sorted(results.items()):
         ops = r["operators"]
+        ops.setdefault("repair", {"evaluated": 0, "better": 0, "same": 0})  # a report of an older run
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         lines.append(
-            f"| {arm} | {seed} | {fmt(r['best_headline'], '.4f')} | {r['best_origin'] or '-'} | "
+            f"| {arm} | {mark(seed)} | {fmt(r['best_headline'], '.4f')} | {r['best_origin'] or '-'} | "
             f"{fmt(r['first_improvement_min'], '.1f')} | {r['evals_per_min']:.1f} | "
             f"{fmt(r['valid_answer_rate'], '.1%')} | {rate(ops['mutation'], 'better')} | "
-            f"{rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
+            f"{rate(ops['repair'], 'better')} | {rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
             f"{fmt(r['tokens_per_s_generating'], '.0f')} | {r.get('best_llm_ancestors', '-')} |")
-    medians = {}
-    for (arm, _), r in results.items():
-        medians.setdefault(arm, []).append(r["best_headline"] or 0.0)
+    medians: dict[tuple[str, str], list[float]] = {}
+    for (arm, seed), r in results.items():
+        group = ("held-out" if seed in held_out else "tuning") if held_out else ""
+        medians.setdefault((arm, group), []).append(r["best_headline"] or 0.0)
     lines.append("")
-    lines += [f"- median best {headline} of `{arm}` over {len(v)} seed(s): {sorted(v)[len(v) // 2]:.4f}"
-              for arm, v in sorted(medians.items())]
+    for (arm, group), v in sorted(medians.items()):
+        seeds = f"{len(v)} {group + ' ' if group else ''}seed(s)"
+        lines.append(f"- median best {headline} of `{arm}` over {seeds}: {sorted(v)[len(v) // 2]:.4f}"
+                     f" (each: {', '.join(f'{x:.4f}' for x in sorted(v))})")
     return "\n".join(lines)
 
 
@@ -252,6 +269,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="default: runs/bench-PROBLEM")
     ap.add_argument("--report", type=Path, help="only write the tables of an existing OUT")
     ap.add_argument("--peak", action="store_true", help="also measure the server's peak tokens/s")
+    ap.add_argument("--held-out", nargs="+", type=int, default=[], metavar="SEED",
+                    help="the run seeds picked after the defaults were frozen: marked, their medians apart")
     args = ap.parse_args()
     out = args.report or args.out or Path("runs") / f"bench-{args.problem.stem}"
     out.mkdir(parents=True, exist_ok=True)
@@ -265,7 +284,7 @@ def main() -> None:
         results[(arm, int(seed))] = measure(meta.parent, args.minutes)
     spec = RunDir(next(iter(out.glob("*-s*/bench.json"))).parent).stored()
     headline = load_problem(spec["problem"], spec.get("set")).headline
-    text = table(results, args.minutes, headline)
+    text = table(results, args.minutes, headline, set(args.held_out))
     if args.peak:
         llm_runs = [k for k in results if k[0] != "tuning_only"]
         if llm_runs:

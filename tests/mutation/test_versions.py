@@ -115,3 +115,26 @@ def test_make_child_dispatches_on_the_format():
 def test_complete_format_asks_for_one_answer():
     with pytest.raises(ValidationError, match="answer_format complete continues one function"):
         Policy(name="p", model="m", answer_format="complete", answers=3)
+
+
+def test_a_repair_shows_the_broken_version_last_with_the_judges_error_and_asks_for_its_fix():
+    from evolve.mutation.pipeline import apply, repair_prompt
+    from evolve.mutation.prompt import ProgramText
+    broken_code = SEED.replace("    centers = np.stack([x, y], axis=1)",
+                               "    centers = np.stack([x, y], axis=1) + offset")
+    error = ("n26: NameError: name 'offset' is not defined\nTraceback (most recent call last):\n"
+             '  File "/work/candidate.py", line 70, in construct_packing\n'
+             "    centers = np.stack([x, y], axis=1) + offset\n              ^^^^^^\n"
+             "NameError: name 'offset' is not defined")
+    broken = ProgramText(broken_code, "error", None, None, None, error)
+    parent = ProgramText(SEED, "ok", 0.9, 2.3, {"n26": 0.9})
+    policy = Policy(name="p", model="m", answer_format="complete")
+    messages, fmt = repair_prompt(PROBLEM, policy, broken, parent, 0)
+    prefix = messages[-1]["content"]
+    assert fmt == "complete" and "`construct_packing_v1`, fails" in messages[1]["content"]
+    v0, v1 = prefix.index("# construct_packing_v0: n26 = 2.3"), prefix.index("# construct_packing_v1: status error")
+    assert v0 < v1 < prefix.index('"""Fixed version of construct_packing_v1."""')
+    comment = prefix[v1:prefix.index("def construct_packing_v1")]
+    assert "NameError: name 'offset' is not defined" in comment and "+ offset" in comment and "^" not in comment
+    body = "    return np.zeros((n, 2)), np.zeros(n)\n"
+    assert apply(broken_code, body, fmt, ENTRY).child.count("offset") == 0  # the fix applies to the broken child

@@ -24,7 +24,7 @@ def test_the_share_follows_the_operator_that_raises_the_best():
 
 
 def test_on_a_plateau_the_share_leans_toward_the_run_long_yield():
-    """Both flat: not half and half, but toward what each has made per second so far."""
+    """Both flat: not half and half, but toward what each has made per second so far (no cap)."""
     alloc = Allocation(0.5, adaptive=True)
     cycles(alloc, 3, 0.0, 0.02)
     assert cycles(alloc, 20, 0.0, 0.0) == [0.8] * 20  # only tuning ever paid: it keeps the cores
@@ -32,6 +32,17 @@ def test_on_a_plateau_the_share_leans_toward_the_run_long_yield():
     shares = cycles(alloc, 20, 0.0, 0.0)
     assert shares[0] == 0.2 and shares == sorted(shares)  # its recent gain fades into the record,
     assert shares[-1] == pytest.approx(0.5, abs=0.01)  # where both made as much in as many seconds
+
+
+def test_a_tuning_plateau_caps_tunings_share_until_it_climbs_again():
+    """Tuning made every gain, then nothing: after PLATEAU_CYCLES flat cycles the LLM gets at
+    least 1 - plateau_share, however large tuning's record; a new climb lifts the cap."""
+    from evolve.search.allocation import PLATEAU_CYCLES
+    alloc = Allocation(0.5, adaptive=True, plateau_share=0.5)
+    cycles(alloc, 3, 0.0, 0.02)
+    flat = cycles(alloc, 10, 0.0, 0.0)
+    assert flat[:PLATEAU_CYCLES - 1] == [0.8] * (PLATEAU_CYCLES - 1) and flat[PLATEAU_CYCLES - 1:] == [0.5] * (11 - PLATEAU_CYCLES)
+    assert cycles(alloc, 1, 0.0, 0.02) == [0.8]
 
 
 def test_an_operator_without_gains_keeps_its_floor():

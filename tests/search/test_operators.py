@@ -48,12 +48,14 @@ def test_the_same_seed_makes_the_same_search(tmp_path):
 
 
 def test_tuning_alone_stores_each_tunings_best_and_counts_every_trial(tmp_path):
+    """Each tuning is a row with its trials; its best is a child only where it beats the parent."""
     problem = toy_problem(tmp_path, llm=False, tuning=TUNING, budget={"max_evaluations": 60})
     reason, db, events = toy_run(tmp_path, problem)
     assert reason == Stop.BUDGET and db.evaluations_done() == 60
-    tuned = [p for p in programs(db) if p.origin == "tuned"]
+    tuned = {p.id: p for p in programs(db) if p.origin == "tuned"}
     rows = list(db.session.scalars(select(Tuning)))
-    assert tuned and len(rows) == len(tuned) and sum(r.trials for r in rows) == 60
+    assert tuned and {r.child_id for r in rows} - {None} == set(tuned) and sum(r.trials for r in rows) == 60
+    assert all(p.objective > db.get(p.parent_id).objective for p in tuned.values())
     assert db.best().objective > programs(db)[0].objective
     assert db.archive.islands[0].generation + db.archive.islands[1].generation == len(rows)
 
