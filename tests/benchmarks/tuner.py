@@ -1,0 +1,188 @@
+"""Benchmark: is the tuner never worse than plain CMA-ES, on seeds it was not chosen on?
+
+Each arm spends the same number of scored trials on one program's float literals, every trial
+through the problem's real sandbox and judge (two at a time, as a run's evaluators):
+
+  tuner   the search's tuner (evolve/search/tuning.py): tunings of `search.tuning.trials`,
+          each from the best so far, as the search tunes its archive's bests again
+  old     the same chained tunings with the tuner of a git revision (--old REV), which drew
+          one first step per tuning from `--old-sigma` and had no restarts
+  cma     plain CMA-ES: the `cma` package's defaults on the literals themselves (absolute
+          coordinates), first step 5 % of their median size, one run (restarted only when
+          cma stops)
+
+    python tests/benchmarks/tuner.py problems/circle_packing.yaml problems/circle_packing_ring.yaml \\
+        --trials 1500 --seeds 0 1 --out runs/tuner
+
+Prints and writes (OUT/report.md) the best objective and headline after each 300 trials.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from evolve.config import load_problem
+from evolve.judge.evaluator import Evaluator
+from evolve.mutation.literals import float_literals, substitute
+from evolve.mutation.pipeline import request_seed
+from evolve.search.tuning import Trial, tune
+
+CHECKPOINT = 300
+
+
+class Trials:
+    """The judge behind a budget of trials: two at a time, the best so far after each."""
+
+    def __init__(self, evaluator: Evaluator, budget: int, start: float, start_headline: float | None):
+        self.evaluator, self.budget, self.spent = evaluator, budget, 0
+        self.slots = asyncio.Semaphore(2)
+        self.best, self.headline = start, start_headline
+        self.curve: list[tuple[int, float, float | None]] = []
+
+    async def __call__(self, code: str) -> Trial | None:
+        if self.spent >= self.budget:
+            return None
+        self.spent += 1
+        async with self.slots:
+            r = await self.evaluator.evaluate(code)
+        ok = r.status == "ok"
+        trial = Trial(code, r.objective if ok else 0.0, r, ok)
+        if ok and r.objective > self.best:
+            self.best, self.headline = r.objective, r.headline
+        self.curve.append((self.spent, self.best, self.headline))
+        return trial
+
+    def at(self, trials: int) -> tuple[float, float | None]:
+        """The best objective and its headline after `trials` trials (the last point if fewer ran)."""
+        points = [p for p in self.curve if p[0] <= trials] or [(0, self.best, self.headline)]
+        return points[-1][1], points[-1][2]
+
+
+async def chained(tune_fn, sigma, code: str, objective: float, judge: Trials, trials: int, seed: int,
+                  max_literals: int) -> None:
+    """Tunings of `trials` each from the best so far until the budget is spent."""
+    best_code, best, k = code, objective, 0
+    while judge.spent < judge.budget:
+        s = request_seed(seed, k)
+        rng = np.random.default_rng(s)
+        step = sigma(rng) if callable(sigma) else sigma
+        tuned = await tune_fn(best_code, best, judge, trials, step, s, max_literals, rng)
+        if tuned.best is not None and tuned.best.objective > best:
+            best_code, best = tuned.best.code, tuned.best.objective
+        k += 1
+        if not tuned.trials:
+            break
+
+
+async def plain_cma(code: str, judge: Trials, seed: int) -> None:
+    """`cma`'s defaults on the literals' own values; a new run (new seed) only when one stops."""
+    import cma
+    literals = float_literals(code)
+    x0 = np.array([lit.value for lit in literals])
+    sigma0 = 0.05 * float(np.median(np.abs(x0))) or 0.05
+    k = 0
+    while judge.spent < judge.budget:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            es = cma.CMAEvolutionStrategy(x0, sigma0, {"seed": seed + 1 + k, "verbose": -9})
+        while not es.stop() and judge.spent < judge.budget:
+            xs = es.ask()
+            trials = await asyncio.gather(*(judge(substitute(code, literals, x)) for x in xs))
+            if any(t is None for t in trials):
+                return
+            es.tell(xs, [-t.objective for t in trials])
+        k += 1
+
+
+def old_tuner(rev: str):
+    """tune() of evolve/search/tuning.py at git revision `rev`, loaded from its text."""
+    text = subprocess.run(["git", "show", f"{rev}:evolve/search/tuning.py"], check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "old_tuning.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("old_tuning", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_tuning"] = module
+    spec.loader.exec_module(module)
+
+    async def tune_old(code, objective, judge, trials, sigma, seed, max_literals, rng):
+        async def trial(variant):  # the old Trial has no `ok`
+            t = await judge(variant)
+            return None if t is None else module.Trial(t.code, t.objective, t.result)
+        return await module.tune(code, objective, trial, trials, sigma, seed, max_literals, rng)
+    return tune_old
+
+
+def log_uniform(low: float, high: float):
+    return lambda rng: float(np.exp(rng.uniform(np.log(low), np.log(high))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("problems", type=Path, nargs="+")
+    ap.add_argument("--trials", type=int, default=1500, help="scored trials per arm")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", default=["tuner", "old", "cma"])
+    ap.add_argument("--old", default="aca3fef", help="the git revision of the old tuner")
+    ap.add_argument("--old-sigma", type=float, nargs=2, default=[0.1, 0.5])
+    ap.add_argument("--out", type=Path, default=Path("runs/tuner"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for path in args.problems:
+        problem = load_problem(path)
+        tuning = problem.search.tuning
+        evaluator = Evaluator(problem)
+        try:
+            start = asyncio.run(evaluator.evaluate(problem.seed_code()))
+            for seed in args.seeds:
+                for arm in args.arms:
+                    key = f"{problem.name}|{arm}|{seed}"
+                    if key in results:
+                        continue
+                    judge = Trials(evaluator, args.trials, start.objective, start.headline)
+                    code = problem.seed_code()
+                    if arm == "tuner":
+                        job = chained(tune, tuning.sigma, code, start.objective, judge, tuning.trials, seed,
+                                      tuning.max_literals)
+                    elif arm == "old":
+                        job = chained(old_tuner(args.old), log_uniform(*args.old_sigma), code, start.objective,
+                                      judge, tuning.trials, seed, tuning.max_literals)
+                    else:
+                        job = plain_cma(code, judge, seed)
+                    asyncio.run(job)
+                    marks = list(range(CHECKPOINT, args.trials + 1, CHECKPOINT))
+                    results[key] = {"start": [start.objective, start.headline],
+                                    "at": {m: judge.at(m) for m in marks}}
+                    print(key, results[key], flush=True)
+                    results_path.write_text(json.dumps(results, indent=1))
+        finally:
+            evaluator.sandbox.close()
+    report(results, args.out / "report.md")
+
+
+def report(results: dict, path: Path) -> None:
+    lines = ["| program | arm | seed | start (headline) | " + " | ".join(
+        f"after {m}" for m in next(iter(results.values()))["at"]) + " |"]
+    lines.append("|" + "---|" * (len(lines[0].split("|")) - 2))
+    for key, r in results.items():
+        name, arm, seed = key.split("|")
+        cells = [f"{obj:.4f} ({head or 0:.4f})" for obj, head in r["at"].values()]
+        lines.append(f"| {name} | {arm} | {seed} | {r['start'][0]:.4f} ({r['start'][1] or 0:.4f}) | "
+                     + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
