@@ -90,7 +90,7 @@ class Tuning(Strict):
     # where 40-trial tunings (step 0.1) needed 520 trials for 0.9195 and sat at 0.87-0.89 for
     # the first 400 (README, "Tuning's own settings").
     trials: int = Field(default=300, ge=2)
-    # The first steps, relative to each literal's size: [small, large]. The first descent takes
+    # The first steps, relative to the literals' median size: [small, large]. The first descent takes
     # the small one (as plain CMA-ES would: never worse than it from the same start), restarts
     # alternate the large one with a doubling population and steps below the small one (BIPOP;
     # evolve/search/tuning.py). One number: that step for every descent.

@@ -1,7 +1,7 @@
 """Circle packing by random placement (a foreign seed: written without this project's helpers).
 
 Centres drawn at random (a fixed generator, so the packing is the same every time), every
-circle started at one size and shrunk until nothing overlaps or sticks out.
+circle started at one size and the overlapping ones shrunk until nothing overlaps or sticks out.
 """
 import numpy as np
 
@@ -12,19 +12,12 @@ def construct_packing(n):
     centers = 0.05 + 0.9 * rng.random((n, 2))
     radii = np.full(n, 0.12)
     for _ in range(500):
-        changed = False
-        for i in range(n):
-            wall = min(centers[i, 0], 1 - centers[i, 0], centers[i, 1], 1 - centers[i, 1])
-            if radii[i] > wall:
-                radii[i] = wall
-                changed = True
-            for j in range(i + 1, n):
-                gap = np.linalg.norm(centers[i] - centers[j])
-                if radii[i] + radii[j] > gap:
-                    radii[i] *= 0.95
-                    radii[j] *= 0.95
-                    changed = True
-        if not changed:
+        wall = np.minimum(centers, 1 - centers).min(axis=1)
+        radii = np.minimum(radii, wall)
+        gaps = np.linalg.norm(centers[:, None] - centers[None, :], axis=2) + 10.0 * np.eye(n)
+        overlap = radii[:, None] + radii[None, :] > gaps
+        if not overlap.any():
             break
+        radii = np.where(overlap.any(axis=1), radii * 0.95, radii)
     return centers, radii * 0.9999
 # EVOLVE-BLOCK-END

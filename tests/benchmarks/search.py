@@ -120,6 +120,7 @@ def measure(run_dir: Path, minutes: float) -> dict:
         sessions = s.execute(select(RunSession.started_at, RunSession.ended_at).order_by(RunSession.id)).all()
         lineage = {pid: (parent, origin, code) for pid, parent, origin, code in
                    s.execute(select(Program.id, Program.parent_id, Program.origin, Program.code))}
+        repairs = s.execute(select(Program.parent_id, Program.status).where(Program.origin == "repair")).all()
     # a session killed without ending: it lasted until its last evaluation
     bounds = [start for start, _ in sessions][1:] + [float("inf")]
     last = [max([e for *_, e in rows if start <= e < bound] or [start])
@@ -160,6 +161,9 @@ def measure(run_dir: Path, minutes: float) -> dict:
         "tokens": tokens, "tokens_per_s_generating": tokens / generating if generating else None,
         "llm_busy_share": generating / (minutes * 60),
         "best_llm_ancestors": llm_ancestors(lineage, best[2]) if best else 0,
+        # broken answers re-asked, and those with a working repair (search.repair)
+        "reasked": len({parent for parent, _ in repairs}),
+        "mended": len({parent for parent, status in repairs if status == "ok"}),
     }
 
 
@@ -185,7 +189,8 @@ def table(results: dict, minutes: float, headline: str, held_out: set[int] | Non
     medians given apart from the others')."""
     lines = [f"| arm | seed | best {headline} at {minutes:g} min | found by | first improvement (min) | "
              "evals/min | valid answers | improving LLM | improving repairs | improving tuned | "
-             "same as parent (LLM) | tok/s generating | LLM shapes in the best's lineage |", "|" + "---|" * 13]
+             "same as parent (LLM) | tok/s generating | LLM shapes in the best's lineage | broken answers "
+             "mended |", "|" + "---|" * 14]
     mark = (lambda seed: f"{seed} (held out)" if seed in held_out else str(seed)) if held_out else str
     for (arm, seed), r in sorted(results.items()):
         ops = r["operators"]
@@ -196,7 +201,8 @@ def table(results: dict, minutes: float, headline: str, held_out: set[int] | Non
             f"{fmt(r['first_improvement_min'], '.1f')} | {r['evals_per_min']:.1f} | "
             f"{fmt(r['valid_answer_rate'], '.1%')} | {rate(ops['mutation'], 'better')} | "
             f"{rate(ops['repair'], 'better')} | {rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
-            f"{fmt(r['tokens_per_s_generating'], '.0f')} | {r.get('best_llm_ancestors', '-')} |")
+            f"{fmt(r['tokens_per_s_generating'], '.0f')} | {r.get('best_llm_ancestors', '-')} | "
+            f"{r.get('mended', 0)}/{r.get('reasked', 0)} |")
     medians: dict[tuple[str, str], list[float]] = {}
     for (arm, seed), r in results.items():
         group = ("held-out" if seed in held_out else "tuning") if held_out else ""
