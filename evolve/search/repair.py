@@ -6,7 +6,8 @@ and a second look with the error in front of the model mends many of them (Shink
 up to 3 times). A repair is an LLM call like any other (stored, counted, seeded by its index) in
 the LLM's loops, ahead of new calls: the broken child is its parent, so the lineage reads
 parent -> broken answer -> repair, and a repair that fails again is offered back, up to
-`attempts` re-asks in all.
+`attempts` re-asks in all. The queue is kept in memory, as the tuner's is: a resume does not
+re-ask what was waiting.
 """
 from __future__ import annotations
 
