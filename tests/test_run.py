@@ -155,10 +155,21 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, grid_problem, 
 def test_a_run_with_tuning_stores_both_operators_and_status_shows_their_rates(server, policy, tmp_path):
     """The embedded model and in-the-loop tuning together: LLM children and tuned children are
     stored with their operator and lineage, and `evolve status` reports what the database holds.
-    The model is shown the tuned numbers rounded (literal_digits)."""
+    The model is shown every program's numbers rounded (literal_digits), the tuned ones too."""
+    import yaml
     policy.write_text(policy.read_text() + "literal_digits: 2\n")
+    # The shipped problem with one long number in its seed: whether or not a tuning beats the
+    # seed in its few trials, a prompt has a literal to round.
+    data = yaml.safe_load(PROBLEM.read_text())
+    seed = (PROBLEM.parent / data.pop("program")).read_text()
+    assert "    margin = 0.5  #" in seed
+    data["program_code"] = seed.replace("    margin = 0.5  #", "    margin = 0.5123457  #")
+    data["scorer"] = str(PROBLEM.parent / data["scorer"])
+    del data["policy"]
+    problem = tmp_path / "problem.yaml"
+    problem.write_text(yaml.safe_dump(data, sort_keys=False))
     run_dir = tmp_path / "run"
-    run = evolve("run", PROBLEM, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2,
+    run = evolve("run", problem, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", 2,
                  "--set", "search.tuning.trials=24", "--set", "search.tuning.share=1.0")
     assert run.returncode == 0, run.stdout + run.stderr
     with db_session(run_dir) as s:
