@@ -73,20 +73,13 @@ class Repair:
             child = self.engine.db.get(child.parent_id)
         return count
 
-    def _working_ancestor(self, broken: Program) -> Program:
-        """The program the broken answer was meant to improve (past earlier failed repairs)."""
-        parent = self.engine.db.get(cast(int, broken.parent_id))
-        while parent.status != "ok" and parent.parent_id is not None:
-            parent = self.engine.db.get(parent.parent_id)
-        return parent
-
     async def step(self) -> Step:
         """Re-ask the oldest broken answer; its repairs are evaluated beside the next call."""
         if not self.waiting:
             return Step(0)
         broken = self.waiting.popleft()
         engine, llm = self.engine, self.llm
-        parent = self._working_ancestor(broken)
+        parent = engine.db.working_ancestor(broken)  # what the broken answer was meant to improve
         call_index = engine.ledger.calls
         engine.ledger.stats.calls += 1
         # (cast: both ran, so both have code; `_wants` took only such children)

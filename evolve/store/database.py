@@ -317,8 +317,14 @@ class ProgramDatabase:
     def _compared_with(self, program: Program) -> Program:
         """The program a child's outcome is judged against: its parent; for a repair, the last
         working program of its lineage (the broken answers it mends are no yardstick)."""
-        parent = self.get(cast(int, program.parent_id))  # (tell_result asks only for a child)
-        while program.origin == "repair" and parent.status != "ok" and parent.parent_id is not None:
+        if program.origin == "repair":
+            return self.working_ancestor(program)
+        return self.get(cast(int, program.parent_id))  # (tell_result asks only for a child)
+
+    def working_ancestor(self, program: Program) -> Program:
+        """The nearest ancestor that ran and passed, past broken answers and failed repairs."""
+        parent = self.get(cast(int, program.parent_id))
+        while parent.status != "ok" and parent.parent_id is not None:
             parent = self.get(parent.parent_id)
         return parent
 
