@@ -52,7 +52,7 @@ Evaluate = Callable[[str], Awaitable[Trial | None]]  # None: the budget is spent
 # A descent that has not raised its own best in this many trials (and three generations) has
 # stalled: restart, instead of spending the rest of the tuning where it sits.
 STALL_TRIALS = 100
-# Fewer than this share of a descent's first generation accepted by the judge: its steps are
+# Fewer than this share of a restart's first generation accepted by the judge: its steps are
 # too large for this program (a radius scaled up overlaps), so that regime's step is quartered.
 MIN_ACCEPTED = 0.25
 
@@ -118,7 +118,8 @@ async def tune(program: str, objective: float, evaluate: Evaluate, trials: int,
     spent = 0
     while spent < trials:
         step, popsize = restarts.next()
-        ran = await _descent(run, incumbent, step, popsize, seed + restarts.count, trials - spent)
+        ran = await _descent(run, incumbent, step, popsize, seed + restarts.count, trials - spent,
+                             may_refuse=restarts.count > 1)
         spent += ran.trials
         if not ran.trials:  # cma stopped before its first generation: nothing more to learn
             break
@@ -151,8 +152,10 @@ class Descent:
 
 
 async def _descent(run: Callable[[np.ndarray], Awaitable[Trial | None]], incumbent: Incumbent,
-                   sigma: float, popsize: int, seed: int, trials: int) -> Descent:
-    """One CMA-ES run from the incumbent until it stops, stalls or spends `trials`."""
+                   sigma: float, popsize: int, seed: int, trials: int, may_refuse: bool) -> Descent:
+    """One CMA-ES run from the incumbent until it stops, stalls or spends `trials`. A restart
+    (`may_refuse`) whose first generation the judge mostly refuses ends there; the first descent
+    goes on as plain CMA-ES would, ranking refused trials last and adapting its step."""
     import cma
 
     with warnings.catch_warnings():
@@ -171,7 +174,7 @@ async def _descent(run: Callable[[np.ndarray], Awaitable[Trial | None]], incumbe
                 own_best, last_gain = trial.objective, spent
         if len(ran) < es.popsize:  # a partial population cannot be told
             return Descent(spent, cut=True)
-        if generations == 1 and sum(t.ok for _, t in ran) < MIN_ACCEPTED * len(ran):
+        if may_refuse and generations == 1 and sum(t.ok for _, t in ran) < MIN_ACCEPTED * len(ran):
             return Descent(spent, refused=True)
         es.tell(zs, [-trial.objective for _, trial in ran])
         if generations >= 3 and spent - last_gain >= STALL_TRIALS:

@@ -304,8 +304,9 @@ def test_a_stalled_descent_restarts_from_the_best_point():
 
 
 def test_a_descent_whose_steps_the_judge_refuses_restarts_smaller_and_still_climbs():
-    """Trials that move a literal by more than 1 % are refused (scored 0, not ok): the first
-    generation is refused, the steps shrink, and the tuning still finds a better point."""
+    """Trials that move a literal by more than 1 % are refused (scored -10, not ok): the first
+    descent adapts its step as plain CMA-ES would, refused restarts shrink theirs, and the
+    tuning still finds a better point."""
     code = "# EVOLVE-BLOCK-START\nx = [1.0, 2.0]\n# EVOLVE-BLOCK-END\n"
     start = np.array([1.0, 2.0])
 
@@ -317,3 +318,18 @@ def test_a_descent_whose_steps_the_judge_refuses_restarts_smaller_and_still_clim
     tuned = asyncio.run(tune(code, 0.0, strict, trials=200, sigma=(0.2, 0.5), seed=0, max_parameters=12,
                              rng=np.random.default_rng(0)))
     assert tuned.descents >= 2 and tuned.best is not None and tuned.best.objective > 0.0
+
+
+def test_the_first_descent_goes_on_where_the_judge_refuses_most_steps():
+    """Plain CMA-ES ranks refused trials last and goes on; so does the first descent (a program on
+    the edge of validity was never left when its first generation ended the descent)."""
+    code = "# EVOLVE-BLOCK-START\nx = [1.0, 2.0]\n# EVOLVE-BLOCK-END\n"
+    calls = []
+
+    async def mostly_refused(variant: str):
+        calls.append(variant)
+        ok = len(calls) % 6 == 0  # one trial in each generation of 6
+        return Trial(variant, -1.0 if ok else -10.0, None, ok=ok)
+    tuned = asyncio.run(tune(code, 0.0, mostly_refused, trials=36, sigma=(0.05, 0.5), seed=0,
+                             max_parameters=12, rng=np.random.default_rng(0)))
+    assert tuned.trials == 36 and tuned.descents == 1
