@@ -84,7 +84,7 @@ class Scheduler:
             if not self.llm_turn.is_set():
                 await self.llm_turn.wait()
                 continue
-            if self.repair is not None and self.repair.waiting and not llm.training():
+            if self.repair is not None and self.repair.ready and not llm.training():
                 await self.repair.step()  # a near-miss first: it is one fix from working
             else:
                 await llm.step()

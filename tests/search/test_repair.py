@@ -2,6 +2,7 @@
 with the judge's reason, its repairs stored as its children, up to `attempts` re-asks in all."""
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -84,3 +85,33 @@ def test_a_repair_that_fails_again_is_re_asked_up_to_the_limit(tmp_path):
 def test_no_repair_by_default(tmp_path):
     reason, db, sampler, rows = repair_run(tmp_path, lambda line: "    return [0.75, 0.3]", attempts=0)
     assert not sampler.reasks and not any(p.origin == "repair" for p in rows)
+
+
+class SlowRepairs(RepairingSampler):
+    """Re-asks that take a while, counted while they are in flight."""
+
+    def __init__(self, mend):
+        super().__init__(mend)
+        self.flying = self.most = 0
+
+    async def sample(self, messages, n, seed=None, max_tokens=None) -> Sample:
+        if REPAIR not in messages[-1]["content"]:
+            return await super().sample(messages, n, seed, max_tokens)
+        self.flying += 1
+        self.most = max(self.most, self.flying)
+        try:
+            await asyncio.sleep(0.05)
+            return await super().sample(messages, n, seed, max_tokens)
+        finally:
+            self.flying -= 1
+
+
+def test_one_re_ask_at_a_time_the_other_loops_ask_new_calls(tmp_path):
+    """With two LLM loops and a queue of broken answers, never two re-asks at once: new calls go on."""
+    problem = toy_problem(tmp_path, repair={"attempts": 2, "per_call": 2, "n": 2},
+                          budget={"max_evaluations": 60, "llm_concurrency": 2})
+    sampler = SlowRepairs(lambda line: f"    raise RuntimeError('{line}!')")
+    reason, db, events = toy_run(tmp_path, problem, sampler)
+    assert sampler.reasks and sampler.most == 1
+    new_calls = [c for c in db.session.scalars(select(LLMCall)) if db.get(c.parent_id).status != "error"]
+    assert len(new_calls) > len(sampler.reasks) / 2  # the queue did not take every loop
