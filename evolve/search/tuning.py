@@ -7,10 +7,12 @@ scored trials, where the 1.5B model's best of 64 answers was 1.878). So the LLM 
 and this operator moves its numbers: every float literal of the block becomes one coordinate
 of a vector, and each trial is an ordinary candidate scored through the same sandbox and judge.
 
-A tuning is never worse than plain CMA-ES from the same start: the start is its first incumbent
-(a tuning returns nothing rather than a child below its parent), the first descent takes small
-steps as `cma`'s defaults would, and restarts then alternate large steps with a growing population
-and small ones (BIPOP), where one draw of a large step used to wreck a seed it did not suit.
+A tuning never returns below its start: the start is its first incumbent (a tuning returns
+nothing rather than a child below its parent). The first descent is plain CMA-ES (`cma`'s
+defaults: small steps, refused trials ranked last), and restarts then alternate large steps with
+a growing population and small ones (BIPOP), where one draw of a large step used to wreck a seed
+it did not suit. Against plain CMA-ES at equal trials it is level or ahead on most programs and
+behind on one (a lattice on the edge of validity, docs/benchmarks/generalization.md).
 
 CMA-ES (the `cma` package) rather than TPE or SMAC: the literals are continuous and few (a
 handful to a dozen), the trials of one population can run in parallel, and it needs no model

@@ -93,7 +93,8 @@ async def plain_cma(code: str, judge: Trials, seed: int) -> None:
     while judge.spent < judge.budget:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            es = cma.CMAEvolutionStrategy(x0, sigma0, {"seed": seed + 1 + k, "verbose": -9})
+            # request_seed: seed + 1 + k made seed 3's first run seed 2's second
+            es = cma.CMAEvolutionStrategy(x0, sigma0, {"seed": request_seed(seed, k), "verbose": -9})
         while not es.stop() and judge.spent < judge.budget:
             xs = es.ask()
             trials = await asyncio.gather(*(judge(substitute(code, literals, x)) for x in xs))
