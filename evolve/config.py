@@ -100,8 +100,8 @@ class Tuning(Strict):
     # numbers before it can be judged against a tuned parent) ...
     structural: bool = True
     share: float = Field(default=0.2, ge=0, le=1)  # ... and this share of the other valid ones
-    # More literals than this: a random subset is tuned. 16, not 12: the ring seed's 14 literals
-    # all tuned reached more than 12 of them (docs/benchmarks/generalization.md).
+    # More literals than this: a random subset is tuned. 16, not 12: tuning all 14 of the ring
+    # seed's literals beat tuning 12 of them (docs/benchmarks/generalization.md).
     max_literals: int = Field(default=16, ge=1)
     # The share of LLM calls that ask for a knob: one new number in the construction, written
     # at a value that leaves the result unchanged, for the tuner to set. Such a child has its

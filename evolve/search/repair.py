@@ -4,8 +4,8 @@ Small models write near-misses: a new construction that calls its helper before 
 needs exists, an undefined name, a function that calls itself. Each is one line from working,
 and a second look with the error in front of the model mends many of them (ShinkaEvolve re-asks
 up to 3 times). A repair is an LLM call like any other (stored, counted, seeded by its index) in
-the LLM's loops, ahead of new calls but one at a time: the broken child is its parent, so the lineage reads
-parent -> broken answer -> repair, and a repair that fails again is offered back, up to
+the LLM's loops, ahead of new calls but one at a time: the broken child is its parent, so the
+lineage reads parent -> broken answer -> repair, and a repair that fails again is offered back, up to
 `attempts` re-asks in all. The queue is kept in memory, as the tuner's is: a resume does not
 re-ask what was waiting.
 """

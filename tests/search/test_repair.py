@@ -92,10 +92,11 @@ class SlowRepairs(RepairingSampler):
 
     def __init__(self, mend):
         super().__init__(mend)
-        self.flying = self.most = 0
+        self.flying = self.most = self.new_beside = 0
 
     async def sample(self, messages, n, seed=None, max_tokens=None) -> Sample:
         if REPAIR not in messages[-1]["content"]:
+            self.new_beside += self.flying > 0
             return await super().sample(messages, n, seed, max_tokens)
         self.flying += 1
         self.most = max(self.most, self.flying)
@@ -111,7 +112,6 @@ def test_one_re_ask_at_a_time_the_other_loops_ask_new_calls(tmp_path):
     problem = toy_problem(tmp_path, repair={"attempts": 2, "per_call": 2, "n": 2},
                           budget={"max_evaluations": 60, "llm_concurrency": 2})
     sampler = SlowRepairs(lambda line: f"    raise RuntimeError('{line}!')")
-    reason, db, events = toy_run(tmp_path, problem, sampler)
+    toy_run(tmp_path, problem, sampler)
     assert sampler.reasks and sampler.most == 1
-    new_calls = [c for c in db.session.scalars(select(LLMCall)) if db.get(c.parent_id).status != "error"]
-    assert len(new_calls) > len(sampler.reasks) / 2  # the queue did not take every loop
+    assert sampler.new_beside  # while a re-ask was out, the other loop asked a new call
