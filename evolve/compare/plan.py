@@ -503,6 +503,7 @@ def _compare(args, view) -> int:
 
 def _heldout_phase(plan: Plan, arms: list[Arm], say) -> str:
     from evolve.rl.hook import HookError
+    from evolve.rl.publish import PublishError
     from evolve.serving.adapters import AdapterError
     from evolve.serving.models import ModelError
     from evolve.serving.server import ServerError
@@ -511,7 +512,7 @@ def _heldout_phase(plan: Plan, arms: list[Arm], say) -> str:
         measure_heldout(plan, arms, say)
     except KeyboardInterrupt:
         return "interrupted"
-    except (ServerError, HookError, AdapterError, ModelError) as exc:  # what a user can fix: one message, no traceback
+    except (ServerError, HookError, PublishError, AdapterError, ModelError) as exc:  # what a user can fix: one message, no traceback
         say(f"held-out measurement failed: {exc}")
         return "failed: held-out measurement"
     return "done"

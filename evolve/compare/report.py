@@ -65,6 +65,8 @@ def read_arm(arm, problem) -> dict:
     try:
         with Session(engine) as s:
             run_id = s.scalar(select(Run.id).where(Run.name == spec["run_name"]))
+            if run_id is None:
+                raise ValueError(f"{arm.dir}: its database holds no run named {spec['run_name']!r}")
             metrics = {"arm": arm.name, "policy": arm.policy, "seed": arm.seed, "trains": arm.trains,
                        **_curve(s, run_id), **_best(s, run_id), **_children(s, run_id), **_calls(s, run_id),
                        **_sessions(s, run_id), **_training(s, run_id), **_archive(s, run_id, problem)}
@@ -84,8 +86,8 @@ def _curve(s: Session, run_id: int) -> dict:
         if row.status == "ok" and (best is None or (row.objective, -row.id) > (best.objective, -best.id)):
             best = row
         if row.origin == "mutation":
-            objective.append(best.objective)
-            headline.append(best.headline)
+            objective.append(best.objective if best else None)
+            headline.append(best.headline if best else None)
         elif not objective:  # the seed: the curve starts here
             objective.append(best.objective if best else None)
             headline.append(best.headline if best else None)
@@ -107,10 +109,10 @@ def _children(s: Session, run_id: int) -> dict:
         Program.run_id == run_id, Program.origin == "mutation").group_by(Program.status)).all())
     evaluated = s.scalar(select(func.count(Program.id)).where(
         Program.run_id == run_id, Program.origin == "mutation", Program.status.in_(EVALUATED),
-        Program.duplicate_of.is_(None)))
+        Program.duplicate_of.is_(None))) or 0
     ok = s.scalar(select(func.count(Program.id)).where(
         Program.run_id == run_id, Program.origin == "mutation", Program.status == "ok",
-        Program.duplicate_of.is_(None)))
+        Program.duplicate_of.is_(None))) or 0
     answers = sum(by_status.values())
     applied = answers - by_status.get("mutation_failed", 0)
     return {"evaluations": evaluations_done(s, run_id), "answers": answers, "applied": applied,
@@ -125,8 +127,8 @@ def _calls(s: Session, run_id: int) -> dict:
         func.coalesce(func.sum(LLMCall.prompt_tokens), 0)).where(LLMCall.run_id == run_id, counted)).one()
     errors = s.scalar(select(func.count(LLMCall.id)).where(LLMCall.run_id == run_id, LLMCall.error.is_not(None),
                                                             counted))
-    return {"llm_calls": calls, "llm_errors": errors, "completion_tokens": int(completion),
-            "prompt_tokens": int(prompt)}
+    return {"llm_calls": calls, "llm_errors": errors, "completion_tokens": int(completion or 0),
+            "prompt_tokens": int(prompt or 0)}
 
 
 def _sessions(s: Session, run_id: int) -> dict:
@@ -140,8 +142,8 @@ def _training(s: Session, run_id: int) -> dict:
         func.count(TrainingStep.id), func.coalesce(func.sum(TrainingStep.train_s), 0.0),
         func.coalesce(func.sum(TrainingStep.load_s), 0.0)).where(TrainingStep.run_id == run_id)).one()
     version = s.scalar(select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id))
-    return {"training_steps": steps, "train_s": float(train_s), "load_s": float(load_s),
-            "training_s": float(train_s) + float(load_s), "policy_version": version,
+    train_s, load_s = float(train_s or 0.0), float(load_s or 0.0)  # (coalesced: never None)
+    return {"training_steps": steps, "train_s": train_s, "load_s": load_s, "training_s": train_s + load_s, "policy_version": version,
             "step_evaluations": _step_evaluations(s, run_id)}
 
 
@@ -180,7 +182,7 @@ def _diversity(s: Session, run_id: int, problem) -> list[dict]:
         answers = sum(len(r.answers) for r in group.rollouts)
         vectors = np.vstack(valid or [np.zeros((0, len(components)))])
         out.append({"group": i, "call_id": group.call_id, "version": group.policy_version,
-                    "diversity": stats.diversity(vectors), "valid_rate": len(vectors) / answers if answers else None})
+                    "diversity": stats.diversity(vectors.tolist()), "valid_rate": len(vectors) / answers if answers else None})
     return out
 
 
@@ -268,8 +270,8 @@ def figures(names: list[str], budget: int, arms_metrics: list[dict], heldout: di
     """The data of every figure, per policy over its seeds."""
     groups = by_policy(arms_metrics, names)
     length = budget + 1
-    fig = {"best_vs_evaluations": {}, "final_best": {}, "heldout": {}, "diversity": {}, "archive": {},
-           "cost": {}}
+    fig: dict[str, dict] = {"best_vs_evaluations": {}, "final_best": {}, "heldout": {}, "diversity": {},
+                            "archive": {}, "cost": {}}
     for name, ms in groups.items():
         fig["best_vs_evaluations"][name] = {
             "objective": band([m["curve_objective"] for m in ms], length),
@@ -287,8 +289,8 @@ def figures(names: list[str], budget: int, arms_metrics: list[dict], heldout: di
         fig["cost"][name] = {k: summary([m[k] for m in ms]) for k in
                              ("valid_mutation_rate", "ok_rate", "completion_tokens", "llm_calls", "wall_s",
                               "training_s", "training_steps", "evaluations")}
-        pools = [heldout.get(m["arm"]) for m in ms]
-        if pools and all(pools):
+        pools = [pool for m in ms if (pool := heldout.get(m["arm"])) is not None]
+        if pools and len(pools) == len(ms):
             k = min(len(p["k"]) for p in pools)
             fig["heldout"][name] = {"k": list(range(1, k + 1)),
                                     "best_at_k": band([p["best_at_k"][:k] for p in pools]),
@@ -331,7 +333,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 def verdicts(fig: dict, names: list[str]) -> dict[str, list[str]]:
     """One line per pair of policies: on the final best objective, and on held-out best@k_max."""
-    out = {"final best objective": [], "held-out best@k_max": []}
+    out: dict[str, list[str]] = {"final best objective": [], "held-out best@k_max": []}
     for a, b in combinations(names, 2):
         fa, fb = fig["final_best"][a]["objective"]["values"], fig["final_best"][b]["objective"]["values"]
         if fa and fb and None not in fa + fb:

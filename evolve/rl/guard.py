@@ -44,6 +44,20 @@ class Rates:
     seconds: float
 
 
+@dataclass
+class Verdict:
+    """The guard's word on a new version, stored with its training step (`record`)."""
+    ok: bool
+    why: str
+    margin: float
+    parent_ids: list[int]
+    before: Rates
+    after: Rates
+
+    def record(self) -> dict:
+        return {**asdict(self), "parents": len(self.parent_ids)}
+
+
 class Guard:
     def __init__(self, settings: GuardSettings, problem: Problem, policy: Policy, db: ProgramDatabase):
         self.settings, self.problem, self.policy, self.db = settings, problem, policy, db
@@ -72,18 +86,13 @@ class Guard:
 
     async def measure(self, client: Sampler, model: str, version: int, evaluator: Evaluator) -> Rates:
         """The version's answers for every guard parent, applied and scored (same seeds for all)."""
-        started, previous = time.time(), client.model
-        client.model = model
-        records = []
-        try:
-            for i, parent in enumerate(self.parents or []):
-                answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
-                                                  self.settings.answers)
-                records += await score_answers(evaluator, self.problem, parent, answers,
-                                               self.problem.budget.eval_concurrency,
-                                               answer_format(self.policy, SALT + i), self.policy.literal_digits)
-        finally:
-            client.model = previous
+        started, records = time.time(), []
+        for i, parent in enumerate(self.parents or []):
+            answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
+                                              self.settings.answers, model=model)
+            records += await score_answers(evaluator, self.problem, parent, answers,
+                                           self.problem.budget.eval_concurrency,
+                                           answer_format(self.policy, SALT + i), self.policy.literal_digits)
         n = max(len(records), 1)
         return Rates(version, len(records), sum(r["status"] == "ok" for r in records) / n,
                      sum(r["beats_parent"] for r in records) / n, time.time() - started)
@@ -103,9 +112,8 @@ class Guard:
             self.measured[old[0]] = await self.measure(client, old[1], old[0], evaluator)
         return True
 
-    async def check(self, client: Sampler, old: int, new: tuple[int, str], evaluator: Evaluator) -> dict:
-        """The verdict on `new` (version, served name) against version `old`, measured by
-        `prepare`: {"ok", "why", rates, margin, parents}."""
+    async def check(self, client: Sampler, old: int, new: tuple[int, str], evaluator: Evaluator) -> Verdict:
+        """The verdict on `new` (version, served name) against version `old`, measured by `prepare`."""
         before = self.measured[old]
         after = await self.measure(client, new[1], new[0], evaluator)
         margin = self.settings.margin
@@ -113,11 +121,9 @@ class Guard:
                  for name in ("valid", "improving") if getattr(after, name) < getattr(before, name) - margin]
         if not worse:
             self.measured[new[0]] = after
-        return {"ok": not worse, "margin": margin, "parents": len(self.parents or []),
-                "parent_ids": [p["id"] for p in self.parents or []],
-                "why": ("worse than v%d by more than %.2f: %s" % (old, margin, "; ".join(worse))) if worse
-                       else f"not worse than v{old} (margin {margin:.2f})",
-                "before": asdict(before), "after": asdict(after)}
+        why = (f"worse than v{old} by more than {margin:.2f}: {'; '.join(worse)}" if worse
+               else f"not worse than v{old} (margin {margin:.2f})")
+        return Verdict(not worse, why, margin, [p["id"] for p in self.parents or []], before, after)
 
 
 def _parent(program) -> dict:

@@ -33,6 +33,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, TypedDict
 
 import numpy as np
 from sqlalchemy import select
@@ -160,8 +161,9 @@ def completions(samples: int, answers_per_completion: int) -> int:
 
 
 async def sample_answers(client, problem: Problem, policy: Policy, parent: dict, parent_index: int,
-                         samples: int) -> tuple[list[str | None], int]:
-    """n answers for one parent (None: a slot the completion left empty), and tokens spent.
+                         samples: int, model: str | None = None) -> tuple[list[str | None], int]:
+    """n answers for one parent from the served name `model` (None: the base model), where None
+    is a slot the completion left empty, and the tokens spent.
 
     One call per parent: on two CPU cores a call of n = 16 generates 1.7x the tokens/s of a
     call of 8 (tests/benchmarks/serving.py --batches), and one seeded request is batched the
@@ -169,7 +171,8 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
     m = policy.answers
     inspirations = [ProgramText.of(i) for i in parent["inspirations"]]
     messages, _ = pipeline.prompt(problem, policy, ProgramText.of(parent), inspirations, parent_index)
-    sample = await client.sample(messages, completions(samples, m), seed=pipeline.request_seed(SALT, parent_index, 0))
+    sample = await client.sample(messages, completions(samples, m), seed=pipeline.request_seed(SALT, parent_index, 0),
+                                 model=model)
     answers: list[str | None] = []
     for text in sample.texts:
         parts = pipeline.answers(text, m)
@@ -177,8 +180,17 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
     return answers[:samples], sample.completion_tokens or 0
 
 
+class Answer(TypedDict):
+    """One answer of a pool, as scored (a pool's JSON holds a list of them per parent)."""
+    status: str  # the judge's, or mutation_failed
+    objective: float  # 0 unless ok
+    headline: float | None
+    vector: list[float]  # the components, each >= 0; zeros unless ok
+    beats_parent: bool
+
+
 async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
-                        concurrency: int, fmt: str, digits: int | None = None) -> list[dict]:
+                        concurrency: int, fmt: str, digits: int | None = None) -> list[Answer]:
     """Apply (answers in format `fmt`, to the parent shown with `digits`) and evaluate every
     answer; each distinct child runs once."""
     components = [c.name for c in problem.components]
@@ -196,7 +208,7 @@ async def score_answers(evaluator, problem: Problem, parent: dict, answers: list
             for c in children]
 
 
-def _answer_record(result, parent_objective: float, components: list[str]) -> dict:
+def _answer_record(result, parent_objective: float, components: list[str]) -> Answer:
     """An answer's outcome; a failed mutation or evaluation scores objective 0, the zero vector."""
     if result is None:
         return {"status": "mutation_failed", "objective": 0.0, "headline": None,
@@ -239,8 +251,8 @@ def measure_arm(jobs: list[tuple[Path, dict]], problem: Problem, policy: Policy,
                 record["answers_per_completion"] = policy.answers  # pools are in completions of m answers
                 if merge:
                     _serve_merged(server, policy, record, server_dir / "merged", say)
-                asyncio.run(_measure(out, record, problem, policy, parents, missing, base_url, model,
-                                     evaluator, settings, say, hot_load=not merge))
+                bench = Bench(problem, policy, parents, settings, evaluator, base_url, model, say)
+                asyncio.run(_measure(bench, out, record, missing, hot_load=not merge))
     return [record for _, record in records]
 
 
@@ -279,26 +291,39 @@ def _load(out: Path, arm: dict, settings: Settings) -> dict:
     return fresh
 
 
-async def _measure(out, record, problem, policy, parents, todo, base_url, model, evaluator, settings, say,
-                   hot_load: bool = True):
+@dataclass
+class Bench:
+    """What every pool of an arm is measured with: the parents, the server and the sandbox."""
+    problem: Problem
+    policy: Policy
+    parents: list[dict]
+    settings: Settings
+    evaluator: Any  # evolve.judge.evaluator.Evaluator (imported with the sandbox, when measuring)
+    base_url: str
+    model: str  # the base model's served name
+    say: Callable[[str], None]
+
+
+async def _measure(bench: Bench, out: Path, record: dict, todo: list[int], hot_load: bool = True) -> None:
+    """Fill the record's pools of the parents `todo` (indices), saving it after each parent."""
     from evolve.serving.adapters import load_adapter, unload_adapter
     from evolve.serving.client import PolicyClient
     from evolve.serving.link import PolicyLink
 
+    problem, policy, parents, say, base_url = bench.problem, bench.policy, bench.parents, bench.say, bench.base_url
     version = record["policy_version"]
-    client = PolicyLink(PolicyClient(policy, base_url, model), lambda event: say("  " + event.message))
+    client = PolicyLink(PolicyClient(policy, base_url, bench.model), lambda event: say("  " + event.message))
     server_url = base_url.removesuffix("/").removesuffix("/v1")
     loaded = False
     try:
         if version > 0 and hot_load:  # a trained version: its adapter, loaded as the run's hook loads it
             await load_adapter(server_url, record["model"], record["adapter_path"])
             loaded = True
-        if version > 0:  # by its name, as an adapter or merged
-            client.model = record["model"]
+        served = record["model"] if version > 0 else None  # by its name, as an adapter or merged
         for i in todo:
             parent, started = parents[i], time.time()
-            answers, tokens = await sample_answers(client, problem, policy, parent, i, settings.samples)
-            scored = await score_answers(evaluator, problem, parent, answers, problem.budget.eval_concurrency,
+            answers, tokens = await sample_answers(client, problem, policy, parent, i, bench.settings.samples, served)
+            scored = await score_answers(bench.evaluator, problem, parent, answers, problem.budget.eval_concurrency,
                                          answer_format(policy, i), policy.literal_digits)
             record["parents"][parent["key"]] = {"parent_objective": parent["objective"], "tokens": tokens,
                                                 "seconds": round(time.time() - started, 1), "answers": scored}

@@ -13,23 +13,25 @@ import math
 import shutil
 import threading
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import httpx
 import numpy as np
 
 from evolve.config import Policy, Problem
-from evolve.faults import Fault
 from evolve.judge.evaluator import Evaluator
 from evolve.rl import advantages
 from evolve.rl.guard import Guard
+from evolve.rl.publish import Publisher
 from evolve.rl.rollouts import Group, complete_groups
-from evolve.serving.adapters import load_adapter, serve_mode, unload_adapter
+from evolve.serving.adapters import load_adapter
 from evolve.serving.client import Sampler
-from evolve.serving.server import ServerError
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import PolicyVersion, TrainingStep
+
+if TYPE_CHECKING:  # torch and peft: imported at the first step, not with the hook
+    from evolve.rl.trainer import Trainer
 
 
 class HookError(RuntimeError):
@@ -43,18 +45,35 @@ SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
 CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
 
 
+@dataclass
+class ServedCheck:
+    """Served against trained log-probs of the tokens of one short answer (stored with the step)."""
+    ok: bool
+    tokens: int  # 0: the server gave nothing to compare, so no verdict
+    seconds: float
+    mean: float = 0.0  # |served - trained| in nats
+    max: float = 0.0
+    tolerance: dict[str, float] = field(default_factory=dict)
+
+    def mismatch(self) -> str:
+        return (f"the server does not reproduce the trained adapter: its log-probs of {self.tokens} "
+                f"sampled tokens differ by {self.mean:.3f} nats on average and {self.max:.3f} at most "
+                f"(tolerance {self.tolerance['mean']:.3f} / {self.tolerance['max']:.3f}); a remote "
+                "vLLM must run with --logprobs-mode processed_logprobs")
+
+
 async def serve_current(db: ProgramDatabase, mode: str, base_url: str) -> None:
     """An endpoint back from an outage may have restarted: serve it the run's current version
     (hot-loaded; a merged version is the server's own weights)."""
     current = db.policy_version()
-    if current.version > 0 and mode == "hot_load":
+    if current.version > 0 and mode == "hot_load" and current.adapter_path:
         await load_adapter(base_url.rstrip("/").removesuffix("/v1"), current.model, current.adapter_path)
 
 
 class RLHook:
     def __init__(self, policy: Policy, problem: Problem, db: ProgramDatabase, run_dir: Path,
                  model_dir: Path, server_url: str, emit: Callable[..., None], run_seed: int = 0,
-                 server=None, replicas: list[str] = (), unreachable: Callable[[str, str], None] | None = None):
+                 server=None, replicas: tuple[str, ...] | list[str] = (), unreachable: Callable[[str, str], None] | None = None):
         assert policy.train is not None
         seed = run_seed if policy.train.seed is None else policy.train.seed
         self.policy, self.train, self.db = policy, policy.train.model_copy(update={"seed": seed}), db
@@ -62,22 +81,20 @@ class RLHook:
         weights = problem.weight_vector()
         self.weights = np.array([weights[c] for c in self.components])
         self.adapters = Path(run_dir) / "adapters"
-        self.model_dir, self.server_url, self.emit = model_dir, server_url.rstrip("/"), emit
-        # every endpoint of the policy serves each version (hot-loaded into each)
-        self.server_urls = [self.server_url, *(u.rstrip("/") for u in replicas)]
-        self.unreachable = unreachable  # several endpoints: take one out that cannot load a version
-        self.trainer = None  # loaded at the first step: ~7 GB not needed before
+        self.model_dir, self.emit = model_dir, emit
+        self.trainer: Trainer | None = None  # loaded at the first step: ~7 GB not needed before
         self.stop = threading.Event()  # set on interrupt: a step in progress is abandoned
         self.held_since: float | None = None  # a step found no signal: wait for a step's worth of new groups
         self.guard = Guard(self.train.guard, problem, policy, db) if self.train.guard is not None else None
         self.saved: dict | None = None  # the trainer's state before the step, while the guard decides
-        # merge: published versions are served merged into the weights by the run's own server,
-        # restarted on them (evolve/serving/server.py `serve`); hot_load: LoRAs loaded into it by name.
-        self.server, self.serve = server, serve_mode(self.train.serve, server)
-        self.base_dir = server.model_dir if server is not None else None
-        self.merged = Path(run_dir) / "merged"
-        if self.train.serve == "merge" and self.serve != "merge":
+        self.publish = Publisher(policy.model, self.train.serve, run_dir, server_url, server, replicas, unreachable)
+        if self.train.serve == "merge" and self.publish.mode != "merge":
             emit("adapter", "serve: merge needs the run's own embedded server; hot-loading adapters instead")
+
+    @property
+    def served(self) -> str:
+        """The name the current version is served under: every search call names it."""
+        return self.publish.served
 
     # ---- when -------------------------------------------------------------------------------
     def groups_per_step(self) -> int:
@@ -102,21 +119,15 @@ class RLHook:
         current = self.db.policy_version()
         if self.guard is not None:
             self.guard.restore(self.db.last_guard())
-        if self.serve == "merge":
-            took = await self._serve(current)
-            client.model = current.model if current.version > 0 else self.policy.model
-            if current.version > 0 and took > 1.0:
-                self.emit("adapter", f"resumed policy v{current.version} ({current.model}), served merged "
-                          f"into the weights in {took:.0f} s", version=current.version, load_s=took)
-            return
-        if current.version > 0:
-            load_s = await self._load(current)
-            client.model = current.model
-            self.emit("adapter", f"resumed policy v{current.version} ({current.model}), "
-                      f"loaded in {load_s:.2f} s", version=current.version, load_s=load_s)
+        took = await self.publish.resume(current)
+        if current.version > 0 and (self.publish.mode == "hot_load" or took > 1.0):
+            how = f"served merged into the weights in {took:.0f} s" if self.publish.mode == "merge" \
+                else f"loaded in {took:.2f} s"
+            self.emit("adapter", f"resumed policy v{current.version} ({current.model}), {how}",
+                      version=current.version, load_s=took)
 
     # ---- one step ---------------------------------------------------------------------------
-    async def step(self, client: Sampler, evaluator: Evaluator | None = None) -> TrainingStep | None:
+    async def step(self, client: Sampler, evaluator: Evaluator) -> TrainingStep | None:
         current = self.db.policy_version()
         groups = self._groups(current.version)
         if not groups:  # due() said generated; the controller drained: they must be complete
@@ -130,9 +141,9 @@ class RLHook:
                       f"groups (every advantage is zero); trying again after {self.groups_per_step()} more",
                       version=current.version, groups=len(groups), published=False)
             return None
-        guarded = self.guard is not None and evaluator is not None
-        # client.model: the name the current version is served under ("base" is only its label)
-        if guarded and not await self.guard.prepare(client, (current.version, client.model), evaluator):
+        guard = self.guard
+        # the name the current version is served under ("base" is only its label)
+        if guard is not None and not await guard.prepare(client, (current.version, self.served), evaluator):
             self.held_since = time.time()  # unmeasurable is not known to be no worse: do not train yet
             self.emit("training", f"policy v{current.version} keeps serving: no held-out parent for the guard "
                       "yet (an elite that no call used as its parent); trying again after "
@@ -141,9 +152,9 @@ class RLHook:
             return None
         self.emit("training", f"training policy v{new} ({self.train.algorithm}) on {len(groups)} groups",
                   version=new, groups=len(groups))
-        if self.serve == "merge":  # it restarts after the step anyway; meanwhile the trainer gets
+        if self.publish.mode == "merge":  # it restarts after the step anyway; meanwhile the trainer gets
             # its memory (~8 GB with the KV cache): beside it, a 12 GB step thrashed a 24 GB machine
-            await asyncio.to_thread(self.server.stop, why=f"training policy v{new}")
+            await asyncio.to_thread(self.publish.stop_server, f"training policy v{new}")
         step = await asyncio.to_thread(self._train, groups, adv, current)
         from evolve.rl.trainer import release_memory
 
@@ -156,120 +167,71 @@ class RLHook:
         step.mean_abs_advantage = float(np.mean(np.abs(np.concatenate(adv))))
         step.published = True
         # served as the run will serve it: merged (a restart) or hot-loaded; the guard measures it so
-        step.load_s = await (self._serve(version) if self.serve == "merge" else self._load(version))
-        if guarded:
-            step.guard = await self.guard.check(client, current.version, (new, name), evaluator)
-            step.published = step.guard["ok"]
-            if not step.published:
-                await self._refuse(step, name, path, current, f"{step.guard['why']} (guard: "
-                                   f"{step.guard['parents']} held-out parents, {step.guard['after']['seconds']:.0f} s)")
+        step.load_s = await self.publish.serve(version)
+        if guard is not None:
+            verdict = await guard.check(client, current.version, (new, name), evaluator)
+            step.guard, step.published = verdict.record(), verdict.ok
+            if not verdict.ok:
+                await self._refuse(step, name, path, current, f"{verdict.why} (guard: {len(verdict.parent_ids)} "
+                                   f"held-out parents, {verdict.after.seconds:.0f} s)")
                 return None
-        step.served_check = await self._served_check(client, name, groups[-1])
-        if not step.served_check["ok"]:
+        check = await self._served_check(client, name, groups[-1])
+        step.served_check = asdict(check)
+        if not check.ok:
             step.published = False
-            await self._refuse(step, name, path, current, self._mismatch(step.served_check))
+            await self._refuse(step, name, path, current, check.mismatch())
             return None
         self.db.add(version)
         self.db.add(step)
-        client.model = name
-        if self.serve == "hot_load" and current.version > 0:  # the old adapter is never asked for again
-            await self._unload(current.model)
-        guard = f", guard: {step.guard['why']}" if step.guard else ""
-        served = "merged and restarted in" if self.serve == "merge" else "loaded"
+        await self.publish.switch(version, current)
+        said = f", guard: {step.guard['why']}" if step.guard else ""
+        served = "merged and restarted in" if self.publish.mode == "merge" else "loaded"
         self.emit("adapter", f"policy v{new} serving: loss {step.loss:+.4f}, KL {step.kl:.2e}, "
                   f"{_sampler_kl(step)}mean |A| {step.mean_abs_advantage:.3f}, trained {step.train_s:.1f} s, "
-                  f"{served} {step.load_s:.2f} s{_served_line(step)}{guard}, the process held "
+                  f"{served} {step.load_s:.2f} s{_served_line(check)}{said}, the process held "
                   f"{rss[0] / 1024:.1f} GB after the step, {rss[1] / 1024:.1f} GB once it gave freed memory back",
                   version=new, loss=step.loss, kl=step.kl, served_check=step.served_check, rss_mb=rss,
                   sampler_kl=step.sampler_kl, mean_abs_advantage=step.mean_abs_advantage,
                   train_s=step.train_s, load_s=step.load_s)
         return step
 
-    async def _load(self, version: PolicyVersion) -> float:
-        """Hot-load a version into every endpoint; the slowest load's seconds. A replica that
-        cannot be reached is taken out (evolve/serving/endpoints.py) and given the version on return."""
-        took = []
-        for url in self.server_urls:
-            try:
-                took.append(await load_adapter(url, version.model, version.adapter_path))
-            except httpx.TransportError as exc:
-                if self.unreachable is None:  # one endpoint: the caller's fault handling decides
-                    raise
-                self.unreachable(url, f"could not load {version.model}: {type(exc).__name__}")
-        if not took:
-            raise HookError(f"no policy endpoint could load {version.model} ({version.adapter_path})")
-        return max(took)
-
-    async def _unload(self, name: str) -> None:
-        for url in self.server_urls:
-            await unload_adapter(url, name)
-
-    async def _serve(self, version: PolicyVersion) -> float:
-        """Restart the server on `version` merged into the weights (the base for v0), unless it
-        serves them already; seconds it took. One merged copy is kept on disk (the model's size)."""
-        from evolve.rl.trainer import serve_merged
-
-        started = time.time()
-        try:
-            await asyncio.to_thread(serve_merged, self.server, self.base_dir, self.policy.model, version.version,
-                                    version.model, version.adapter_path, self.merged)
-        except ServerError as exc:  # the run stops cleanly; a resume starts the server afresh
-            raise Fault(f"the policy server did not restart on {version.model}: {str(exc).split(';')[0]} "
-                        f"(see {self.server.log_path}); `evolve resume` goes on from the last published "
-                        "version") from exc
-        weights = self.merged / f"v{version.version}"
-        for old in self.merged.glob("v*") if version.version > 0 else ():
-            if old != weights:
-                shutil.rmtree(old, ignore_errors=True)
-        return time.time() - started
-
     async def _refuse(self, step: TrainingStep, name: str, path: Path, current: PolicyVersion, why: str) -> None:
         """The new version must not serve (the guard measured it worse, or the server does not
         reproduce it): the trainer goes back to the state it had before the step, and the hook
         waits for a step's worth of new groups. A merged server goes back to the current version."""
-        if self.serve == "merge":
-            await self._serve(current)
-        else:
-            await self._unload(name)
-        await asyncio.to_thread(self.trainer.restore, self.saved)
+        await self.publish.withdraw(name, current)
+        assert self.saved is not None, "_train saved the trainer's state before the step"
+        await asyncio.to_thread(self._trainer().restore, self.saved)
         shutil.rmtree(path, ignore_errors=True)  # the next step saves its own v{new}
-        shutil.rmtree(self.merged / f"v{step.version}", ignore_errors=True)
+        shutil.rmtree(self.publish.merged / f"v{step.version}", ignore_errors=True)
         self.held_since = time.time()
         self.db.add(step)
         self.emit("training", f"policy v{step.version} not published, v{current.version} keeps serving: {why}",
                   version=current.version, refused=step.version, published=False, why=why)
 
-    async def _served_check(self, client: Sampler, name: str, group: Group) -> dict:
+    async def _served_check(self, client: Sampler, name: str, group: Group) -> ServedCheck:
         """The first call to a newly served version, against the trainer's log-probs of the
         tokens it sampled. A server that serves another adapter (or none, or a stale merged
         copy) moves them by far more than the kernels' bf16 noise."""
-        started, previous = time.time(), client.model
-        client.model = name
-        try:
-            sample = await client.sample(group.messages, 1, seed=self.train.seed, max_tokens=CHECK_TOKENS)
-        finally:
-            client.model = previous
+        started = time.time()
+        sample = await client.sample(group.messages, 1, seed=self.train.seed, max_tokens=CHECK_TOKENS, model=name)
         ids, served = (sample.token_ids or [None])[0], (sample.logprobs or [None])[0]
         prompt = sample.prompt_token_ids or group.prompt_token_ids
         if not ids or served is None or prompt is None or len(served) != len(ids):
-            return {"ok": True, "tokens": 0, "seconds": time.time() - started}  # nothing to compare
-        trained = await asyncio.to_thread(self.trainer.logprobs, prompt, ids)
+            return ServedCheck(True, 0, time.time() - started)  # nothing to compare
+        trained = await asyncio.to_thread(self._trainer().logprobs, prompt, ids)
         gaps = np.abs(np.array(served) - np.array(trained))
         # top_p renormalises the nucleus: a sampled token's served log-prob may exceed the
         # trainer's (which has no top_p) by up to -log(top_p).
         slack = -math.log(self.policy.sampling.top_p)
-        check = {"mean": float(gaps.mean()), "max": float(gaps.max()), "tokens": len(gaps),
-                 "tolerance": {k: v + slack for k, v in SERVED_TOLERANCE.items()}}
-        check["ok"] = bool(check["mean"] <= check["tolerance"]["mean"] and check["max"] <= check["tolerance"]["max"])
-        check["seconds"] = time.time() - started
-        return check
+        tolerance = {k: v + slack for k, v in SERVED_TOLERANCE.items()}
+        mean, most = float(gaps.mean()), float(gaps.max())
+        return ServedCheck(mean <= tolerance["mean"] and most <= tolerance["max"], len(gaps), time.time() - started,
+                           mean, most, tolerance)
 
-    @staticmethod
-    def _mismatch(check: dict) -> str:
-        return (f"the server does not reproduce the trained adapter: its log-probs of {check['tokens']} "
-                f"sampled tokens differ by {check['mean']:.3f} nats on average and {check['max']:.3f} at most "
-                f"(tolerance {check['tolerance']['mean']:.3f} / {check['tolerance']['max']:.3f}); a remote "
-                "vLLM must run with --logprobs-mode processed_logprobs")
+    def _trainer(self) -> Trainer:
+        assert self.trainer is not None, "a step is refused or checked only after it trained"
+        return self.trainer
 
     def advantages(self, groups: list[Group], version: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per group: (advantage per rollout, the algorithm's reward per rollout)."""
@@ -279,10 +241,10 @@ class RLHook:
             if self.train.algorithm == "grpo":
                 # m = 1: the scalar reward of the rollout's answer (zero when it failed)
                 rewards = advantages.scalar_rewards([m[0] if len(m) else None for m in matrices],
-                                                    self.weights)
+                                                    self.weights.tolist())
             else:
                 # Fresh Dirichlet weights per group and step, reproducible from the seeds.
-                rng = np.random.default_rng([self.train.seed, version, g.call_id])
+                rng = np.random.default_rng([self.train.seed or 0, version, g.call_id])  # (seed: set in __init__)
                 _, rewards = advantages.vpo(matrices, self.train.dirichlet_k, self.train.dirichlet_alpha, rng)
             # what the rollout's failed answers cost (all 0 unless train.penalties grades them)
             rewards = rewards - np.array([r.penalty for r in g.rollouts])
@@ -313,10 +275,8 @@ def _sampler_kl(step: TrainingStep) -> str:
     return "" if step.sampler_kl is None else f"sampler KL {step.sampler_kl:.2e}, "
 
 
-def _served_line(step: TrainingStep) -> str:
-    check = step.served_check
-    return f", serves as trained (Δ log p {check['mean']:.3f} mean, {check['max']:.3f} max)" \
-        if check and check["tokens"] else ""
+def _served_line(check: ServedCheck) -> str:
+    return f", serves as trained (Δ log p {check.mean:.3f} mean, {check.max:.3f} max)" if check.tokens else ""
 
 
 def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir: Path,

@@ -76,12 +76,12 @@ class Trainer:
         self.dtype = compute_dtype(self.device)
         # Frozen base weights in bf16 where the hardware computes in it (half the memory); peft
         # keeps the LoRA weights in fp32 and puts them on the base layers' device.
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.dtype).to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to() as a decorator
         if adapter is not None:
             self.model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         else:
             self.model = get_peft_model(base, LoraConfig(
-                r=train.lora_rank, lora_alpha=train.lora_alpha, lora_dropout=0.0,
+                r=train.lora_rank, lora_alpha=train.lora_alpha, lora_dropout=0.0,  # type: ignore[arg-type]  # peft types it int; it scales by alpha / r
                 target_modules=train.target_modules, task_type="CAUSAL_LM"))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=0.0)
@@ -109,7 +109,7 @@ class Trainer:
             completions.append(torch.tensor(ids or [self.tokenizer.eos_token_id]))
             # The sampler's log-probs belong to the served tokens; re-tokenised text has none.
             known = r.logprobs is not None and r.token_ids is not None and len(r.logprobs) == len(ids)
-            sampled.append(r.logprobs if known else [])
+            sampled.append(r.logprobs if known and r.logprobs is not None else [])
         sampler = torch.full((len(completions), max(len(c) for c in completions)), float("nan"))
         for i, lp in enumerate(sampled):
             sampler[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
@@ -132,14 +132,14 @@ class Trainer:
         old = {i: self._logprobs(sequences[i], adapter=True, stop=stop) for i in sorted(need_old)}
         ref = {i: self._logprobs(s, adapter=False, stop=stop) for i, s in enumerate(sequences)} \
             if self.train.kl_coef > 0 else {}
-        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0, "sampler_kl": 0.0, "sampled": 0}
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0.0, "sampler_kl": 0.0, "sampled": 0.0}
         self.model.train()
         for _ in range(self.train.epochs):
             for chunk in chunks:
                 self._minibatch([(sequences[i], old.get(i), ref.get(i)) for i in chunk], totals, stop)
         tokens = max(totals["tokens"], 1)
         return StepStats(loss=totals["loss"], kl=totals["kl"] / tokens,
-                         clip_fraction=totals["clipped"] / tokens, tokens=totals["tokens"],
+                         clip_fraction=totals["clipped"] / tokens, tokens=int(totals["tokens"]),
                          sampler_kl=totals["sampler_kl"] / totals["sampled"] if totals["sampled"] else None,
                          rollouts=sum(len(s.completions) for s in sequences),
                          train_s=time.time() - started, peak_rss_mb=peak_rss_mb())
@@ -176,7 +176,7 @@ class Trainer:
                 width, dev = logp.shape[1], self.device
                 old_b = old[idx, :width].to(dev) if old is not None else logp.detach()
                 ref_b = ref[idx, :width].to(dev) if ref is not None else None
-                weights, kl_sum, sampled = None, 0.0, 0
+                weights, kl_sum, sampled = None, torch.zeros(()), torch.zeros(())
                 if seq.sampler is not None:
                     weights, kl_sum, sampled = importance_weights(
                         old_b, seq.sampler[idx, :width].to(dev), mask, self.train.is_cap)
@@ -276,7 +276,7 @@ class Trainer:
         """The adapter in PEFT format (what vLLM loads) plus the optimizer state, atomically."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        self.model.save_pretrained(tmp)
+        self.model.save_pretrained(str(tmp))
         torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         if path.exists():  # this version was trained before, never published: the run stopped first
             shutil.rmtree(path)
@@ -334,6 +334,7 @@ def serve_merged(server, base_dir: Path, base_name: str, version: int, name: str
     them already. True if it restarted."""
     weights, served = (Path(base_dir), base_name) if version == 0 else (Path(merged) / f"v{version}", name)
     if version > 0 and not (weights / "config.json").exists():
+        assert adapter is not None, f"policy v{version} was published without an adapter"
         merge_adapter(base_dir, Path(adapter), weights)
     if server.running() and (server.model_dir, server.served_name) == (weights, served):
         return False

@@ -105,7 +105,7 @@ class ProcessSandbox:
 
     async def run(self, code: str, entry_point: str, cases: list[dict]) -> SandboxResult:
         start = time.monotonic()
-        uid, lock = await _lease_uid() if self.drops else (None, None)
+        uid, lock = await _lease_uid() if self.drops else (None, -1)
         workdir = Path(tempfile.mkdtemp(prefix="evolve-sandbox-"))
         try:
             (workdir / "candidate.py").write_text(code)
@@ -123,7 +123,7 @@ class ProcessSandbox:
 
     async def _execute(self, workdir: Path, spec: bytes, uid: int | None) -> Collected:
         command = [self.python, "-I", "harness.py"]
-        user = {}
+        user: dict = {}  # (the keywords of create_subprocess_exec, whose stubs overload them)
         if uid is not None:  # a process of another uid cannot be limited from outside without
             # CAP_SYS_RESOURCE: util-linux's prlimit, run as that uid, lowers its own and execs
             user = {"user": uid, "group": uid, "extra_groups": []}

@@ -45,6 +45,11 @@ class LLMMutation:
     def training(self) -> bool:
         return self.hook is not None and self.train_lock.locked()
 
+    def served(self) -> str | None:
+        """The name the run's current policy version is served under, which every call names;
+        None: the client's own model (a frozen mutator, an ensemble)."""
+        return self.hook.served if self.hook is not None else None
+
     async def step(self) -> Step:
         """One call (or, when the hook is due, one training step instead)."""
         if self.hook is not None and self.hook.due():
@@ -88,7 +93,7 @@ class LLMMutation:
         messages, fmt = pipeline.prompt(engine.problem, self.policy, cast(Shown, ask.parent), ask.inspirations,
                                         call_index, KNOB if knob else None)
         call = LLMCall(island=island, parent_id=ask.parent.id, policy_version=engine.db.policy_version().version,
-                       model=self.client.model, prompt=dump_messages(messages),
+                       model=self.served() or self.client.model, prompt=dump_messages(messages),
                        n=self.policy.sampling.group_size, started_at=time.time())
         sample = await self.sample(call, messages, call_index)
         if sample is None:
@@ -118,7 +123,7 @@ class LLMMutation:
         deadline = asyncio.timeout(engine.ledger.wall_left())
         try:
             async with deadline:
-                return await self.client.sample(messages, call.n,
+                return await self.client.sample(messages, call.n, model=self.served(),
                                                 seed=pipeline.request_seed(engine.seed, call_index))
         except asyncio.CancelledError:  # interrupted: keep the call's time in the accounts
             self._cut(call)

@@ -96,7 +96,7 @@ class Repair:
         messages, fmt = pipeline.repair_prompt(engine.problem, self.policy, cast(Shown, broken), cast(Shown, parent),
                                                call_index)
         call = LLMCall(island=broken.island, parent_id=broken.id, policy_version=engine.db.policy_version().version,
-                       model=llm.client.model, prompt=dump_messages(messages), n=self.config.n,
+                       model=llm.served() or llm.client.model, prompt=dump_messages(messages), n=self.config.n,
                        started_at=time.time())
         llm.calls_in_flight += 1  # the turns wait for it as for any call
         self.in_flight += 1

@@ -29,11 +29,16 @@ class Sample:
 
 class Sampler(Protocol):
     """What the search and the RL hook ask of the policy: one client, several endpoints
-    (EndpointPool), or either made patient (PolicyLink)."""
-    model: str  # the served name requests go to: the base model or an adapter
+    (EndpointPool), or either made patient (PolicyLink). A call goes to the base model unless it
+    names another served name (`model=`: an adapter, or a merged version); nothing switches the
+    client itself, so a guard measuring a candidate cannot redirect a search call beside it."""
+
+    @property
+    def model(self) -> str:
+        """The base model's served name."""
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None) -> Sample: ...
+                     max_tokens: int | None = None, model: str | None = None) -> Sample: ...
 
     async def close(self) -> None: ...
 
@@ -43,7 +48,7 @@ class PolicyClient:
 
     def __init__(self, policy: Policy, base_url: str, model: str):
         self.policy = policy
-        self.model = model  # the served name requests go to: the base model or an adapter
+        self.base = model  # the base model's served name
         self.is_vllm = policy.server.embedded or policy.train is not None
         key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
         # No silent retries in the SDK: evolve.serving.link.PolicyLink retries, says so, and restarts
@@ -51,9 +56,13 @@ class PolicyClient:
         self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0,
                                   timeout=policy.server.request_timeout_s)
 
+    @property
+    def model(self) -> str:
+        return self.base
+
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None) -> Sample:
-        s = self.policy.sampling
+                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+        s, model = self.policy.sampling, model or self.base
         extra: dict = {"seed": seed} if (s.seed_requests and seed is not None) else {}
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
         # other OpenAI-compatible servers may reject the unknown field, so only ask vLLM.
@@ -67,7 +76,7 @@ class PolicyClient:
             extra["stop"] = STOP
         started = time.time()
         resp = await self.client.chat.completions.create(
-            model=self.model, messages=messages,  # type: ignore[arg-type]  # plain dicts, not the SDK's TypedDicts
+            model=model, messages=messages,  # type: ignore[arg-type]  # plain dicts, not the SDK's TypedDicts
             n=n, temperature=s.temperature, top_p=s.top_p,
             max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra)
         choices = sorted(resp.choices, key=lambda c: c.index)
@@ -79,7 +88,7 @@ class PolicyClient:
                       started_at=started, latency_s=time.time() - started,
                       token_ids=[getattr(c, "token_ids", None) for c in choices],
                       prompt_token_ids=getattr(resp, "prompt_token_ids", None),
-                      logprobs=[_logprobs(c) for c in choices], model=self.model)
+                      logprobs=[_logprobs(c) for c in choices], model=model)
 
     async def close(self) -> None:
         await self.client.close()

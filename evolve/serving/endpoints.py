@@ -44,18 +44,12 @@ class EndpointPool:
     def model(self) -> str:
         return self.endpoints[0].client.model
 
-    @model.setter
-    def model(self, name: str) -> None:
-        for e in self.endpoints:
-            e.client.model = name
-
     @property
     def urls(self) -> list[str]:
         return [e.url for e in self.endpoints]
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None) -> Sample:
-        kw = {"max_tokens": max_tokens} if max_tokens else {}
+                     max_tokens: int | None = None, model: str | None = None) -> Sample:
         last: Exception | None = None
         tried: set[str] = set()
         while True:
@@ -71,7 +65,7 @@ class EndpointPool:
                     await self.rejoin(endpoint.url)  # back from an outage: it may know no adapter
                 endpoint.in_flight += 1
                 try:
-                    sample = await endpoint.client.sample(messages, n, seed=seed, **kw)
+                    sample = await endpoint.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model)
                 finally:
                     endpoint.in_flight -= 1
             except TRANSIENT as exc:

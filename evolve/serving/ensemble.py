@@ -23,10 +23,6 @@ class Ensemble:
     def model(self) -> str:
         return self.members[0][0].model
 
-    @model.setter
-    def model(self, name: str) -> None:  # the RL hook's adapter switch: an ensemble never trains
-        raise TypeError(f"an ensemble serves its members' own models; it cannot serve {name!r}")
-
     def pick(self, seed: int | None) -> Sampler:
         u = (random.Random(seed) if seed is not None else self.calls).random()
         for client, share in self.members:
@@ -36,9 +32,10 @@ class Ensemble:
         return self.members[-1][0]  # shares sum to 1 up to rounding
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None) -> Sample:
-        kw = {"max_tokens": max_tokens} if max_tokens else {}
-        return await self.pick(seed).sample(messages, n, seed=seed, **kw)
+                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+        if model is not None:  # an adapter of the policy's model: an ensemble never trains
+            raise TypeError(f"an ensemble serves its members' own models; it cannot serve {model!r}")
+        return await self.pick(seed).sample(messages, n, seed=seed, max_tokens=max_tokens)
 
     async def close(self) -> None:
         for client, _ in self.members:

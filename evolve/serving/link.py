@@ -40,17 +40,12 @@ class PolicyLink:
     def model(self) -> str:
         return self.client.model
 
-    @model.setter
-    def model(self, name: str) -> None:
-        self.client.model = name
-
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None) -> Sample:
-        short = {"max_tokens": max_tokens} if max_tokens else {}  # only the RL hook's probe asks
+                     max_tokens: int | None = None, model: str | None = None) -> Sample:
         while True:
             epoch = self.epoch
             try:
-                sample = await self.client.sample(messages, n, seed=seed, **short)
+                sample = await self.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model)
             except TRANSIENT as exc:
                 delay = self.outage.failed(one_line(exc))
                 if await self._repair(epoch, exc):

@@ -42,15 +42,16 @@ def export(run_dir: Path, spec: dict, out: Path, backend: str | None = None) -> 
     if not reader.ready():
         raise InspectError(f"{run_dir}: the database holds no run yet")
     try:
-        snap = reader.snapshot()
+        snap, run_id = reader.snapshot(), reader.run_id
+        assert snap is not None and run_id is not None, "ready() found the run"
         out.mkdir(parents=True, exist_ok=True)
         with reader.engine.connect() as conn:
-            programs = conn.execute(select(*PROGRAM_COLUMNS).where(Program.run_id == reader.run_id)
+            programs = conn.execute(select(*PROGRAM_COLUMNS).where(Program.run_id == run_id)
                                     .order_by(Program.id)).all()
-            evaluated = _evaluated(conn, reader.run_id, reader.has_table("tunings"))
-            elites = _elites(conn, reader.run_id)
-            best_code = conn.execute(select(Program.code).where(Program.id == snap.best.id)).scalar() \
-                if snap.best else None
+            evaluated = _evaluated(conn, run_id, reader.has_table("tunings"))
+            elites = _elites(conn, run_id)
+            best = snap.best
+            best_code = conn.execute(select(Program.code).where(Program.id == best.id)).scalar() if best else None
     finally:
         reader.close()
     written = [write_programs_csv(snap, programs, out / "programs.csv"),

@@ -141,7 +141,7 @@ async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(
     add_group(db, [[("invalid", None)], [("invalid", None)]], started_at=1.0)  # every reward zero
     add_group(db, [[("ok", {"x": 0.5, "y": 0.5})], [("ok", {"x": 0.5, "y": 0.5})]], started_at=2.0)  # equal
     assert hook.due()
-    assert await hook.step(client=None) is None
+    assert await hook.step(client=None, evaluator=None) is None
     assert db.policy_version().version == 0  # nothing published: v0 keeps serving
     kind, message, fields = said[-1]
     assert kind == "training" and "no signal" in message and fields["published"] is False
@@ -169,6 +169,8 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     """The run-time served-equals-trained check, its arithmetic isolated: a stand-in server
     reports log-probs, a stand-in trainer its own for the same tokens (the real parts:
     tests/rl/test_rl_run.py)."""
+    from dataclasses import asdict
+
     from evolve.rl.hook import SERVED_TOLERANCE
     from evolve.serving.client import Sample
 
@@ -183,8 +185,8 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
         def __init__(self, served):
             self.model, self.served, self.asked = "base", served, []
 
-        async def sample(self, messages, n, seed=None, max_tokens=None):
-            self.asked.append((self.model, n, max_tokens))
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+            self.asked.append((model, n, max_tokens))
             return Sample(texts=["x"], finish_reasons=["length"], prompt_tokens=2, completion_tokens=3,
                           started_at=0.0, latency_s=0.1, token_ids=[[7, 8, 9]], prompt_token_ids=[1, 2],
                           logprobs=[self.served])
@@ -192,15 +194,15 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     slack = -np.log(hook.policy.sampling.top_p)  # top_p lifts a sampled token's served log-prob
     close = Server([t + slack for t in trained])
     check = await hook._served_check(close, "grpo-v1", group)
-    assert check["ok"] is True and check["tokens"] == 3 and close.model == "base"  # the client's model is put back
-    json.dumps(check)  # stored as JSON with the step
+    assert check.ok is True and check.tokens == 3 and close.model == "base"  # the client is not switched
+    json.dumps(asdict(check))  # stored as JSON with the step
     assert close.asked == [("grpo-v1", 1, 32)]  # one short answer, from the new version
-    assert check["tolerance"]["max"] == pytest.approx(SERVED_TOLERANCE["max"] + slack)
+    assert check.tolerance["max"] == pytest.approx(SERVED_TOLERANCE["max"] + slack)
     far = await hook._served_check(Server([-0.5, -1.0, -0.5]), "grpo-v1", group)  # one token 1.5 nats off
-    assert not far["ok"] and far["max"] == pytest.approx(1.5) and far["mean"] == pytest.approx(0.5)
-    assert "does not reproduce the trained adapter" in hook._mismatch(far)
+    assert not far.ok and far.max == pytest.approx(1.5) and far.mean == pytest.approx(0.5)
+    assert "does not reproduce the trained adapter" in far.mismatch()
     unknown = await hook._served_check(Server(None), "grpo-v1", group)  # no log-probs served: no verdict
-    assert unknown["ok"] and unknown["tokens"] == 0
+    assert unknown.ok and unknown.tokens == 0
 
 
 def _graded(tmp_path, db, algorithm: str, **penalties) -> RLHook:
@@ -271,9 +273,9 @@ async def test_a_server_that_does_not_restart_after_a_step_stops_the_run_with_on
             raise ServerError(f"vLLM exited with code 1 while starting; last lines of {self.log_path}:\nValueError: ...")
 
     hook = _hook(tmp_path, open_db(tmp_path), "vpo")
-    hook.server, hook.base_dir = Server(), tmp_path / "base"
+    hook.publish.server, hook.publish.base_dir = Server(), tmp_path / "base"
     with pytest.raises(Exception) as caught:
-        await hook._serve(PolicyVersion(version=0, model="base"))
+        await hook.publish._restart_on(PolicyVersion(version=0, model="base"))
     line = fault_of(caught.value)
     assert line is not None and "\n" not in line
     assert line.startswith("the policy server did not restart on base: vLLM exited with code 1 while starting")
@@ -347,16 +349,19 @@ async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, mo
     for the guard's sake, and a refused version sends the server back to the current one."""
     import evolve.rl.trainer
     from evolve.rl.guard import Rates
+    from evolve.rl.hook import ServedCheck
     from evolve.store.schema import TrainingStep
 
     db = open_db(tmp_path)
-    hook, served, seen = _hook(tmp_path, db, "grpo"), ["base"], []
-    hook.serve, hook.trainer = "merge", SimpleNamespace(restore=lambda state: seen.append("restore"))
-    hook.server = SimpleNamespace(stop=lambda why: seen.append("stop"))
-    rates = {"base": 0.5, "grpo-v1": 0.1}  # v1 worse by more than the margin: refused
+    hook, seen = _hook(tmp_path, db, "grpo"), []
+    base = hook.served  # v0 is served under the base model's own name
+    served = [base]
+    hook.publish.mode, hook.trainer = "merge", SimpleNamespace(restore=lambda state: seen.append("restore"))
+    hook.publish.server = SimpleNamespace(stop=lambda why: seen.append("stop"))
+    rates = {base: 0.5, "grpo-v1": 0.1}  # v1 worse by more than the margin: refused
 
     async def serve(version):
-        served.append(version.model)
+        served.append(hook.publish.name_of(version))
         seen.append(f"serve {version.model}")
         return 1.0
 
@@ -366,14 +371,15 @@ async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, mo
         return Rates(version, 8, rates[model], rates[model], 1.0)
 
     async def served_check(client, name, group):
-        return {"ok": True, "tokens": 0}
+        return ServedCheck(True, 0, 0.0)
 
     def train(groups, adv, current):
         seen.append("train")
+        hook.saved = {}  # the trainer's state before the step, which a refusal restores
         return TrainingStep(algorithm="grpo", rollouts=2, loss=0.0, kl=0.0, clip_fraction=0.0, train_s=1.0)
 
     monkeypatch.setattr(evolve.rl.trainer, "release_memory", lambda: (1.0, 1.0))
-    monkeypatch.setattr(hook, "_serve", serve)
+    monkeypatch.setattr(hook.publish, "_restart_on", serve)
     monkeypatch.setattr(hook, "_train", train)
     monkeypatch.setattr(hook, "_served_check", served_check)
     monkeypatch.setattr(hook.guard, "measure", measure)
@@ -383,19 +389,19 @@ async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, mo
     add_group(db, [[("ok", {"x": 0.0, "y": 1.0})], [("invalid", None)]], started_at=2.0)
 
     assert await hook.step(client, evaluator=object()) is None
-    assert seen == ["measure base", "stop", "train", "serve grpo-v1", "measure grpo-v1", "serve base", "restore"]
-    assert db.policy_version().version == 0 and client.model == "base"
+    assert seen == [f"measure {base}", "stop", "train", "serve grpo-v1", "measure grpo-v1", "serve base", "restore"]
+    assert db.policy_version().version == 0 and hook.served == base
 
     seen.clear()
     rates["grpo-v1"] = 0.45  # within the margin: served, and v0 is not measured again
     assert (await hook.step(client, evaluator=object())).published
     assert seen == ["stop", "train", "serve grpo-v1", "measure grpo-v1"]
-    assert db.policy_version().version == 1 and client.model == "grpo-v1"
+    assert db.policy_version().version == 1 and hook.served == "grpo-v1" and client.model == "base"
 
     # A resumed run keeps the guard's parents and v1's rates: its next step measures v2 only.
     again = _hook(tmp_path, db, "grpo")
-    again.serve = "merge"
-    monkeypatch.setattr(again, "_serve", serve)
+    again.publish.mode = "merge"
+    monkeypatch.setattr(again.publish, "_restart_on", serve)
     monkeypatch.setattr(again.guard, "measure", measure)
     await again.resume(client)
     assert [p["id"] for p in again.guard.parents] == [1] * again.guard.settings.parents

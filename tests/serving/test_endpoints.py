@@ -15,10 +15,11 @@ class Stub:
     """An endpoint that answers after `delay` s, or fails like a server that is gone."""
 
     def __init__(self, delay: float = 0.0, down: bool = False):
-        self.model, self.delay, self.down, self.asked = "m", delay, down, 0
+        self.model, self.delay, self.down, self.asked, self.names = "m", delay, down, 0, []
 
     async def sample(self, messages, n, seed=None, **kw):
         self.asked += 1
+        self.names.append(kw.get("model"))
         await asyncio.sleep(self.delay)
         if self.down:
             raise openai.APIConnectionError(request=httpx.Request("POST", "http://x"))
@@ -33,8 +34,9 @@ async def test_calls_go_to_the_least_loaded_endpoint():
     pool = EndpointPool({"http://a/v1": a, "http://b/v1": b}, lambda e: None)
     await asyncio.gather(*(pool.sample([], 1) for _ in range(6)))
     assert (a.asked, b.asked) == (3, 3)
-    pool.model = "v1"
-    assert a.model == b.model == "v1" == pool.model  # a new version is asked of every endpoint
+    await asyncio.gather(*(pool.sample([], 1, model="v1") for _ in range(2)))
+    assert a.names[-1] == b.names[-1] == "v1"  # a call that names a version asks it of any endpoint
+    assert a.model == b.model == "m" == pool.model  # and switches none of them
 
 
 async def test_a_failing_endpoint_is_taken_out_and_the_call_goes_elsewhere():
