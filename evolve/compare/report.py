@@ -138,24 +138,29 @@ def _sessions(s: Session, run_id: int) -> dict:
 
 
 def _training(s: Session, run_id: int) -> dict:
-    steps, train_s, load_s = s.execute(select(
-        func.count(TrainingStep.id), func.coalesce(func.sum(TrainingStep.train_s), 0.0),
+    """Training steps made and published. A step the guard or the served check refused changed
+    nothing the search used, so it is no update: the versions and `step_evaluations` count
+    published steps only (seed 0 of HumanEval/141 read "6 steps" where one of them was refused)."""
+    steps, published, train_s, load_s = s.execute(select(
+        func.count(TrainingStep.id), func.count(TrainingStep.id).filter(TrainingStep.published.is_(True)),
+        func.coalesce(func.sum(TrainingStep.train_s), 0.0),
         func.coalesce(func.sum(TrainingStep.load_s), 0.0)).where(TrainingStep.run_id == run_id)).one()
     version = s.scalar(select(func.max(PolicyVersion.version)).where(PolicyVersion.run_id == run_id))
     train_s, load_s = float(train_s or 0.0), float(load_s or 0.0)  # (coalesced: never None)
-    return {"training_steps": steps, "train_s": train_s, "load_s": load_s, "training_s": train_s + load_s, "policy_version": version,
+    return {"training_steps": steps, "published_steps": published, "train_s": train_s, "load_s": load_s,
+            "training_s": train_s + load_s, "policy_version": version,
             "step_evaluations": _step_evaluations(s, run_id)}
 
 
 def _step_evaluations(s: Session, run_id: int) -> list[int]:
-    """For each training step, the evaluated children (the curve's index) finished by its end.
-
-    Reading the curve there gives each arm's best at an equal number of updates."""
+    """For each published training step (an update), the evaluated children (the curve's index)
+    finished by its end. Reading the curve there gives each arm's best at an equal number of updates."""
     done = sorted(s.scalars(select(Evaluation.started_at + Evaluation.elapsed_s)
                             .join(Program, Evaluation.program_id == Program.id)
                             .where(Program.run_id == run_id, Program.origin == "mutation")).all())
     ends = s.scalars(select(TrainingStep.started_at + TrainingStep.train_s + func.coalesce(TrainingStep.load_s, 0.0))
-                     .where(TrainingStep.run_id == run_id).order_by(TrainingStep.id)).all()
+                     .where(TrainingStep.run_id == run_id, TrainingStep.published.is_(True))
+                     .order_by(TrainingStep.id)).all()
     return [int(np.searchsorted(done, end, side="right")) for end in ends]
 
 
@@ -305,7 +310,7 @@ def figures(names: list[str], budget: int, arms_metrics: list[dict], heldout: di
 
 
 def equal_updates(arms_metrics: list[dict]) -> dict:
-    """The training arms compared after the same number of updates U (the fewest any of them made):
+    """The training arms compared after the same number of updates U (published steps; the fewest any of them made):
     each arm's best objective once its U-th step was done, and the evaluations that took. At an
     equal evaluation budget (the final best) an arm that trains more often has had more updates."""
     arms = [m for m in arms_metrics if m["trains"]]
@@ -589,14 +594,14 @@ def _arm_table(fig: dict, headline: str) -> list[str]:
     rows = ["## Per arm", "",
             "| arm | stopped | evaluations | best objective | " + (f"best {headline} | " if extra else "")
             + "found at evaluation | best program | valid mutations | LLM calls | completion tokens | "
-            "search wall (s) | training steps | training (s) | coverage | QD-score |",
+            "search wall (s) | updates (published / trained steps) | training (s) | coverage | QD-score |",
             "|---" * (14 + extra) + "|"]
     for m in fig["arms"].values():
         valid = f"{m['applied']}/{m['answers']}"
         rows.append(f"| {m['arm']} | {m['stop_reason']} | {m['evaluations']} | {_f(m['best_objective'])} | "
                     + (f"{_f(m['best_headline'], 6)} | " if extra else "")
                     + f"{_found_at(m['curve_objective'])} | #{m['best_id']} | {valid} | {m['llm_calls']} | "
-                    f"{m['completion_tokens']} | {m['wall_s']:.1f} | {m['training_steps']} | "
+                    f"{m['completion_tokens']} | {m['wall_s']:.1f} | {m.get('published_steps', '?')} / {m['training_steps']} | "
                     f"{m['training_s']:.1f} | {m['coverage']:.3f} | {m['qd_score']:.3f} |")
     return rows
 
@@ -660,9 +665,8 @@ def _versions_table(rows: list[dict], bars: dict) -> list[str]:
     for r in rows:
         v, i = r["valid"], r["improving"]
         version = f"base ({r['base']})" if "base" in r else f"v{r['version']}"
-        out.append(f"| {r['arm']} | {version} | {r['answers']} | "
-                   f"{v['rate']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}] | {v['vs_base'] or '-'} | "
-                   f"{i['rate']:.3f} [{i['ci95'][0]:.3f}, {i['ci95'][1]:.3f}] | {i['vs_base'] or '-'} |")
+        out.append(f"| {r['arm']} | {version} | {r['answers']} | {percent(v)} | {v['vs_base'] or '-'} | "
+                   f"{percent(i)} | {i['vs_base'] or '-'} |")
     out += ["", "The bar for a mutator that learns: over its first 4 versions neither rate is below the base "
             "model's, and at v4 at least one is above it."]
     for arm, bar in bars.items():
@@ -672,6 +676,14 @@ def _versions_table(rows: list[dict], bars: dict) -> list[str]:
                                    f"{'never below' if bar['never_below'] else 'below the base at some version'}"
                                    f", {'above' if bar['above_at_last'] else 'not above'} at the last)"))
     return out
+
+
+def percent(rate: dict) -> str:
+    """`82.0 % [74, 88]`: a rate and its interval, each rounded once from the exact value (its
+    counts'), so a table copied from the report never rounds a rounded number again (0.7448 ->
+    0.745 -> 75 made a README row read [75, 88] for 105/128, whose interval is [74.5, 87.7])."""
+    lo, hi = rate["ci95"]
+    return f"{100 * rate['rate']:.1f} % [{100 * lo:.0f}, {100 * hi:.0f}]"
 
 
 def _speed_lines(slowdown: dict) -> list[str]:

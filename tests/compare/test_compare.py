@@ -466,6 +466,44 @@ def test_equal_updates_reads_each_training_arm_after_the_fewest_steps_any_made()
     assert compare_report.equal_updates(arms[:1]) == {"updates": 0, "policies": {}}
 
 
+def test_a_refused_training_step_is_no_update(tmp_path):
+    """A step the guard refused is stored, but nothing the search used changed: the updates (and
+    the equal-updates reading) count published steps only."""
+    from sqlalchemy.orm import Session
+
+    from evolve.config import Descriptor, Search
+    from evolve.store.database import ProgramDatabase
+    from evolve.store.schema import Evaluation, Program, TrainingStep
+
+    db = ProgramDatabase.open(f"sqlite:///{tmp_path / 'evolve.db'}", "t", "p: 1", "q: 2", 0,
+                              [Descriptor(name="a", low=0, high=1, bins=2)], Search(islands=1), "toy")
+    seed = db.add_seed(Program(island=0, origin="seed", status="ok", objective=0.0, headline=0.0,
+                               code="x = 0\n", descriptors={"a": 0.1}))[0]
+    for k in range(6):  # an evaluated child finished at t = k + 1
+        child = Program(run_id=db.run_id, island=0, origin="mutation", parent_id=seed.id, status="ok",
+                        objective=0.1 * k, code=f"x = {k + 1}\n")
+        db.add(child)
+        db.add(Evaluation(program_id=child.id, backend="process", status="ok", started_at=float(k), elapsed_s=1.0))
+    for end, published in ((2.5, True), (4.5, False), (5.5, True)):
+        db.add(TrainingStep(run_id=db.run_id, version=1, algorithm="grpo", groups=1, rollouts=2, loss=0.0, kl=0.0,
+                            clip_fraction=0.0, mean_abs_advantage=0.5, reward_mean=0.1, started_at=end - 1.0,
+                            train_s=1.0, published=published))
+    with Session(db.engine) as s:
+        training = compare_report._training(s, db.run_id)
+    db.close()
+    assert training["training_steps"] == 3 and training["published_steps"] == 2
+    assert training["step_evaluations"] == [2, 5]  # the refused step (ending at 4.5) is not an update
+
+
+def test_a_rate_is_rounded_once_from_its_counts():
+    """105/128 valid: 82.0 % with the interval [74.5, 87.7], so [74, 88]; rounding the interval to
+    three places first (0.745) and then to a whole percent gave [75, 88] in a README table."""
+    assert compare_report.percent(compare_report._rate({"valid_n": 105, "answers": 128}, None, "valid")) \
+        == "82.0 % [74, 88]"
+    assert compare_report.percent(compare_report._rate({"improving_n": 17, "answers": 128}, None, "improving")) \
+        == "13.3 % [8, 20]"
+
+
 def test_band_and_summary():
     b = compare_report.band([[1, 2, 3], [0, 4]], 4)
     assert b["median"] == [0.5, 3.0, 3.0, None] and b["min"] == [0, 2, 3, None] and b["max"] == [1, 4, 3, None]
@@ -532,7 +570,7 @@ def test_compare_end_to_end_with_the_real_server(tmp_path, monkeypatch, other_ru
     record = json.loads((out / "heldout" / "grpo-s0.json").read_text())
     assert record["policy_version"] == grpo_arm["policy_version"]
     steps_at = grpo_arm["step_evaluations"]  # the evaluated children by the end of each step
-    assert len(steps_at) == grpo_arm["training_steps"] and steps_at == sorted(steps_at)
+    assert len(steps_at) == grpo_arm["published_steps"] and steps_at == sorted(steps_at)
     assert all(0 <= i <= grpo_arm["evaluations"] for i in steps_at)
     assert fig["equal_updates"]["updates"] == len(steps_at)
     if grpo_arm["training_steps"]:
