@@ -20,6 +20,7 @@ from evolve.judge.check import SeedError, seed_failure
 from evolve.judge.evaluator import Evaluator, Judgement, evaluate_through_outages
 from evolve.rundir import FINISHED, Stop
 from evolve.search.budget import Ledger
+from evolve.search.operator import Learner
 from evolve.search.progress import progress_line, scores
 from evolve.search.scheduler import Scheduler, operators
 from evolve.search.tasks import Tasks
@@ -34,7 +35,7 @@ class Controller:
 
     def __init__(self, problem: Problem, policy: Policy, db: ProgramDatabase, evaluator: Evaluator,
                  client: Sampler | None, budget: Budget, seed: int,
-                 report: Sink = print_sink, hook=None):
+                 report: Sink = print_sink, hook: Learner | None = None):
         self.problem, self.db, self.evaluator = problem, db, evaluator
         self.seed, self.report = seed, report
         self.ledger = Ledger(budget, db)

@@ -16,7 +16,7 @@ from evolve.config import Policy
 from evolve.faults import Fault
 from evolve.mutation import pipeline
 from evolve.mutation.prompt import KNOB, Shown, dump_messages
-from evolve.search.operator import Engine, Step
+from evolve.search.operator import Engine, Learner, Step
 from evolve.serving.client import Sample, Sampler
 from evolve.store.schema import Completion, LLMCall, Program
 
@@ -25,7 +25,7 @@ class LLMMutation:
     name = "llm"
     origin = "mutation"
 
-    def __init__(self, engine: Engine, policy: Policy, client: Sampler, hook=None):
+    def __init__(self, engine: Engine, policy: Policy, client: Sampler, hook: Learner | None = None):
         self.engine, self.policy, self.client = engine, policy, client
         self.hook = hook  # the RL hook (evolve/rl/hook.py), or None for a frozen mutator
         self.train_lock = asyncio.Lock()
@@ -53,7 +53,7 @@ class LLMMutation:
     async def step(self) -> Step:
         """One call (or, when the hook is due, one training step instead)."""
         if self.hook is not None and self.hook.due():
-            await self._train()
+            await self._train(self.hook)
             return Step(0)
         self.calls_in_flight += 1
         try:
@@ -61,7 +61,7 @@ class LLMMutation:
         finally:
             self.calls_in_flight -= 1
 
-    async def _train(self) -> None:
+    async def _train(self, hook: Learner) -> None:
         """Pause generation and train.
 
         Calls already in flight come from the current version, so they finish and are scored
@@ -75,9 +75,9 @@ class LLMMutation:
             if engine.tasks.failure is not None:  # the other loop's step failed: stop with it, not train again
                 raise engine.tasks.failure
             # Not already done by the other loop, and some budget left to use the new policy on.
-            if self.hook.due() and engine.ledger.left() is None:
+            if hook.due() and engine.ledger.left() is None:
                 try:
-                    await self.hook.step(self.client, engine.evaluator)
+                    await hook.step(self.client, engine.evaluator)
                 except Exception as exc:
                     engine.tasks.failure = exc
                     raise

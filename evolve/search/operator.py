@@ -8,6 +8,7 @@ implements `Operator`, and a line in `scheduler.operators`.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from evolve.config import Problem
 from evolve.judge.evaluator import Evaluator, Judgement
+from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 from evolve.store.schema import Program
 
@@ -54,6 +56,25 @@ class Engine(Protocol):
     def emit(self, kind: str, message: str, **fields: Any) -> None: ...
 
     def progress(self) -> None: ...
+
+
+class Learner(Protocol):
+    """What the LLM operator asks of a mutator that learns from the run (the RL hook,
+    evolve/rl/hook.py); a frozen mutator has none."""
+    stop: threading.Event  # set on interrupt: a training step in its thread stops at its next check
+
+    @property
+    def served(self) -> str:
+        """The name the current policy version is served under: every call names it."""
+
+    def due(self) -> bool:
+        """A step's worth of the current version's answers is in."""
+
+    async def resume(self, client: Sampler) -> None:
+        """Serve the run's latest version again (a fresh server knows none)."""
+
+    async def step(self, client: Sampler, evaluator: Evaluator) -> object:
+        """Train on the current version's groups, measure and (maybe) publish the next."""
 
 
 class Operator(Protocol):

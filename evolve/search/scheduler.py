@@ -21,14 +21,14 @@ from evolve.config import Policy
 from evolve.rundir import Stop
 from evolve.search.allocation import Allocation
 from evolve.search.llm import LLMMutation
-from evolve.search.operator import Engine, Operator
+from evolve.search.operator import Engine, Learner, Operator
 from evolve.search.repair import Repair
 from evolve.search.tuner import Tuner
 from evolve.serving.client import Sampler
 from evolve.store.schema import Program, Turn
 
 
-def operators(engine: Engine, policy: Policy, client: Sampler | None, hook=None) -> list[Operator]:
+def operators(engine: Engine, policy: Policy, client: Sampler | None, hook: Learner | None = None) -> list[Operator]:
     """The run's operators, from its problem's `search` section."""
     search = engine.problem.search
     ops: list[Operator] = []

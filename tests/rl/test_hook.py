@@ -298,7 +298,7 @@ async def test_a_failed_step_stops_the_run_and_the_other_loop_does_not_train_aga
     from evolve.search.controller import Controller
 
     class Hook:
-        stop, steps = threading.Event(), 0
+        stop, steps, served = threading.Event(), 0, "scripted"
 
         def due(self):
             return True
