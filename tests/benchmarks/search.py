@@ -48,7 +48,7 @@ from evolve.config import load_problem
 from evolve.mutation.literals import changes_structure
 from evolve.rundir import RunDir
 from evolve.store.database import connect
-from evolve.store.schema import Evaluation, LLMCall, Program, Tuning
+from evolve.store.schema import Completion, Evaluation, LLMCall, Program, Tuning
 from evolve.store.schema import Session as RunSession
 
 ARMS = {
@@ -115,8 +115,12 @@ def measure(run_dir: Path, minutes: float) -> dict:
         answers = s.scalar(select(func.count(Program.id)).where(Program.origin == "mutation"))
         applied = s.scalar(select(func.count(Program.id)).where(
             Program.origin == "mutation", Program.status != "mutation_failed"))
-        calls = s.execute(select(LLMCall.started_at, LLMCall.latency_s, LLMCall.completion_tokens)
-                          .where(LLMCall.error.is_(None))).all()
+        calls = s.execute(select(LLMCall.id, LLMCall.parent_id, LLMCall.n, LLMCall.started_at, LLMCall.latency_s,
+                                 LLMCall.completion_tokens).where(LLMCall.error.is_(None))).all()
+        status_of = dict(s.execute(select(Program.id, Program.status)).all())
+        answers_of = s.execute(select(Completion.call_id, Program.outcome, Program.status)
+                               .join(Completion, Completion.id == Program.completion_id)
+                               .where(Program.origin.in_(("mutation", "repair")))).all()
         sessions = s.execute(select(RunSession.started_at, RunSession.ended_at).order_by(RunSession.id)).all()
         lineage = {pid: (parent, origin, code) for pid, parent, origin, code in
                    s.execute(select(Program.id, Program.parent_id, Program.origin, Program.code))}
@@ -147,6 +151,7 @@ def measure(run_dir: Path, minutes: float) -> dict:
     calls = [c for c in calls if clock(c.started_at + (c.latency_s or 0)) <= horizon]
     generating = union_length([(c.started_at, c.started_at + c.latency_s) for c in calls])
     tokens = sum(c.completion_tokens or 0 for c in calls)
+    spent = llm_time(calls, status_of, answers_of)
     first = curve[0][0] if curve else None
     seed_headline = curve[0][1] if curve else None
     improved = next((t for t, h, o in curve[1:]), None)
@@ -164,7 +169,42 @@ def measure(run_dir: Path, minutes: float) -> dict:
         # broken answers re-asked, and those with a working repair (search.repair)
         "reasked": len({parent for parent, _ in repairs}),
         "mended": len({parent for parent, status in repairs if status == "ok"}),
+        "llm_time": spent,
     }
+
+
+def llm_time(calls: list, status_of: dict, answers_of: list) -> dict:
+    """What the LLM's calls cost and bought, new calls apart from re-asks of broken answers (a
+    re-ask's parent is the broken answer): calls, answers, completion tokens (the server's work,
+    shared by the calls in flight), call-seconds, answers that ran, improving answers."""
+    by_call: dict[int, list] = {}
+    for call_id, outcome, answer_status in answers_of:
+        by_call.setdefault(call_id, []).append((outcome, answer_status))
+    spent = {kind: {"calls": 0, "answers": 0, "tokens": 0, "seconds": 0.0, "ran_ok": 0, "better": 0}
+             for kind in ("new", "reask")}
+    for c in calls:
+        kind = spent["reask" if status_of.get(c.parent_id) in ("error", "invalid") else "new"]
+        kids = by_call.get(c.id, [])
+        kind["calls"] += 1
+        kind["answers"] += c.n
+        kind["tokens"] += c.completion_tokens or 0
+        kind["seconds"] += c.latency_s or 0.0
+        kind["ran_ok"] += sum(st == "ok" for _, st in kids)
+        kind["better"] += sum(o == "better" for o, _ in kids)
+    return spent
+
+
+def llm_time_table(results: dict) -> str:
+    """Where each run's LLM time went: new calls against re-asks, and what each bought per 1,000
+    completion tokens (what the server spends; two calls in flight share its seconds)."""
+    lines = ["| arm | seed | kind | calls | answers | completion tokens | call-seconds | answers that ran | "
+             "improving | improving per 1k tokens |", "|" + "---|" * 10]
+    for (arm, seed), r in sorted(results.items()):
+        for kind, t in r.get("llm_time", {}).items():
+            per_k = f"{1000 * t['better'] / t['tokens']:.2f}" if t["tokens"] else "-"
+            lines.append(f"| {arm} | {seed} | {kind} | {t['calls']} | {t['answers']} | {t['tokens']:,} | "
+                         f"{t['seconds']:,.0f} | {t['ran_ok']} | {t['better']} | {per_k} |")
+    return "\n".join(lines)
 
 
 def llm_ancestors(lineage: dict, pid: int) -> int:
@@ -291,6 +331,7 @@ def main() -> None:
     spec = RunDir(next(iter(out.glob("*-s*/bench.json"))).parent).stored()
     headline = load_problem(spec["problem"], spec.get("set")).headline
     text = table(results, args.minutes, headline, set(args.held_out))
+    text += "\n\nWhere the LLM's time went:\n\n" + llm_time_table(results)
     if args.peak:
         llm_runs = [k for k in results if k[0] != "tuning_only"]
         if llm_runs:
