@@ -102,16 +102,27 @@ class RLHook:
         per_call = self.policy.sampling.group_size * self.policy.answers
         return -(-self.train.train_every_answers // per_call)
 
+    def _answered(self) -> int:
+        """Calls of the current version answered since the last step that published nothing."""
+        return self.db.calls_of(self.db.policy_version().version, since=self.held_since)
+
     def due(self) -> bool:
         """A step's worth of groups of the current version were generated (since the last step
-        that found no signal); the controller then waits until they are all scored before it
+        that published nothing); the controller then waits until they are all scored before it
         calls `step` (so rewards are known)."""
-        version = self.db.policy_version().version
-        return self.db.calls_of(version, since=self.held_since) >= self.groups_per_step()
+        return self._answered() >= self.groups_per_step()
+
+    def full(self, in_flight: int) -> bool:
+        """The calls answered and in flight make a step: a call started now would be one too many.
+        (With two loops, the call in flight joined the step: up to 7 groups where 6 were due.)"""
+        return self._answered() + in_flight >= self.groups_per_step()
 
     def _groups(self, version: int) -> list[Group]:
-        return complete_groups(self.db.rollout_rows(version, logprobs=True), self.components,
-                               penalties=self.train.penalties)
+        """A step's groups: exactly `groups_per_step`, the newest of the version, so that every
+        step is the same size (a step that found no signal leaves its groups behind)."""
+        groups = complete_groups(self.db.rollout_rows(version, logprobs=True), self.components,
+                                 penalties=self.train.penalties)
+        return groups[-self.groups_per_step():]
 
     # ---- resume -----------------------------------------------------------------------------
     async def resume(self, client: Sampler) -> None:

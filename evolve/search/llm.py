@@ -51,8 +51,10 @@ class LLMMutation:
         return self.hook.served if self.hook is not None else None
 
     async def step(self) -> Step:
-        """One call (or, when the hook is due, one training step instead)."""
-        if self.hook is not None and self.hook.due():
+        """One call (or, when the hook is due, one training step instead). Once the calls in
+        flight make a step's worth, no new call starts: every step trains on the same number of
+        answers (`train_every_answers`)."""
+        if self.hook is not None and (self.hook.due() or self.hook.full(self.calls_in_flight)):
             await self._train(self.hook)
             return Step(0)
         self.calls_in_flight += 1
@@ -64,8 +66,9 @@ class LLMMutation:
     async def _train(self, hook: Learner) -> None:
         """Pause generation and train.
 
-        Calls already in flight come from the current version, so they finish and are scored
-        first and join the (on-policy) batch; the other generation loop waits on the lock.
+        Calls already in flight come from the current version and complete the step's worth, so
+        they finish and are scored first; the other generation loop waits on the lock. A call in
+        flight that failed leaves the step short: no step yet, and the loop asks a new call.
         """
         engine = self.engine
         async with self.train_lock:

@@ -70,6 +70,9 @@ class Learner(Protocol):
     def due(self) -> bool:
         """A step's worth of the current version's answers is in."""
 
+    def full(self, in_flight: int) -> bool:
+        """With `in_flight` calls out, a step's worth is asked for: start no new call before the step."""
+
     async def resume(self, client: Sampler) -> None:
         """Serve the run's latest version again (a fresh server knows none)."""
 

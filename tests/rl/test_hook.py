@@ -149,7 +149,22 @@ async def test_a_step_without_signal_publishes_nothing_and_waits_for_new_groups(
     add_group(db, [[("ok", {"x": 1.0, "y": 0.0})]], started_at=hook.held_since + 1)
     assert not hook.due()
     add_group(db, [[("invalid", None)]], started_at=hook.held_since + 2)
-    assert hook.due()  # a step's worth of new groups: try again (on every group of v0)
+    assert hook.due()  # a step's worth of new groups: try again, on those two
+    assert [g.call_id for g in hook._groups(0)] == [3, 4]
+
+
+def test_a_step_is_exactly_its_size_and_no_call_starts_past_it(tmp_path):
+    """Every step trains on `train_every_answers`: the newest groups of the version, and a call in
+    flight that completes the step keeps the other loop from asking one more (issue 59: with two
+    loops a GRPO step took up to 7 groups where 6 were due)."""
+    db = open_db(tmp_path)
+    hook = _hook(tmp_path, db, "grpo", groups=2)
+    add_group(db, [[("ok", {"x": 1, "y": 0})]])
+    assert not hook.due() and not hook.full(in_flight=0)
+    assert hook.full(in_flight=1)  # the call out completes the step: no new one
+    for _ in range(2):
+        add_group(db, [[("ok", {"x": 0, "y": 1})]])
+    assert [g.call_id for g in hook._groups(0)] == [2, 3]  # 3 generated (an older run's way): the newest 2
 
 
 def test_merging_needs_the_runs_own_server_and_is_the_cpu_default():
@@ -328,6 +343,59 @@ async def test_a_failed_step_stops_the_run_and_the_other_loop_does_not_train_aga
         evaluator.sandbox.close()
         db.close()
     assert hook.steps == 1
+
+
+async def test_two_generation_loops_give_every_step_the_same_number_of_calls(tmp_path):
+    """Through the controller with two loops of calls: each step finds exactly its calls, none
+    that started while the step's worth was already in flight."""
+    import threading
+
+    from scripted_run import ScriptedClient, write_policy, write_problem
+
+    from evolve.config import load_problem
+    from evolve.events import EventLog
+    from evolve.judge.evaluator import Evaluator
+    from evolve.run import open_database
+    from evolve.search.controller import Controller
+
+    class Hook:  # the RL hook's bookkeeping (due, full) on the run's own calls, without a trainer
+        stop, served, per_step = threading.Event(), "scripted", 3
+
+        def __init__(self, db):
+            self.db, self.sizes = db, []
+
+        def _answered(self):
+            return self.db.calls_of(self.db.policy_version().version)
+
+        def due(self):
+            return self._answered() >= self.per_step
+
+        def full(self, in_flight):
+            return self._answered() + in_flight >= self.per_step
+
+        async def resume(self, client):
+            pass
+
+        async def step(self, client, evaluator):
+            version = self.db.policy_version().version
+            self.sizes.append(self._answered())
+            self.db.add(PolicyVersion(run_id=self.db.run_id, version=version + 1, model="scripted"))
+
+    problem = load_problem(write_problem(tmp_path, 1000, calls=9))  # 3 steps' worth of calls
+    problem = problem.model_copy(update={"budget": problem.budget.model_copy(update={"llm_concurrency": 2})})
+    policy_path = write_policy(tmp_path)
+    policy = load_policy(policy_path)
+    spec = {"db_url": f"sqlite:///{tmp_path / 'evolve.db'}", "run_name": "t", "seed": 0, "policy": str(policy_path)}
+    db = open_database(spec, problem, policy, tmp_path)
+    evaluator, hook = Evaluator(problem), Hook(db)
+    try:
+        with EventLog(tmp_path, lambda event: None) as log:
+            await Controller(problem, policy, db, evaluator, ScriptedClient(), problem.budget, 0, log,
+                             hook=hook).run()
+    finally:
+        evaluator.sandbox.close()
+        db.close()
+    assert len(hook.sizes) >= 2 and set(hook.sizes) == {hook.per_step}
 
 
 def test_the_trainer_gives_freed_memory_back_before_a_server_starts():
