@@ -324,10 +324,11 @@ def equal_updates(arms_metrics: list[dict]) -> dict:
         best = [m["curve_objective"][min(i, len(m["curve_objective"]) - 1)] for m, i in zip(ms, at)]
         out["policies"][name] = {"objective": summary(best), "evaluations": summary(at),
                                  "seeds": [m["seed"] for m in ms]}
-    out["verdicts"] = [stats.verdict(a, out["policies"][a]["objective"]["values"], b,
-                                     out["policies"][b]["objective"]["values"],
-                                     what=f"best objective after {updates} updates").text
-                       for a, b in combinations(out["policies"], 2)]
+    pols = out["policies"]
+    out["verdicts"] = [stats.verdict(a, pols[a]["objective"]["values"], b, pols[b]["objective"]["values"],
+                                     what=f"best objective after {updates} updates",
+                                     paired=pols[a]["seeds"] == pols[b]["seeds"]).text
+                       for a, b in combinations(pols, 2)]
     return out
 
 
@@ -340,13 +341,16 @@ def verdicts(fig: dict, names: list[str]) -> dict[str, list[str]]:
     """One line per pair of policies: on the final best objective, and on held-out best@k_max."""
     out: dict[str, list[str]] = {"final best objective": [], "held-out best@k_max": []}
     for a, b in combinations(names, 2):
+        # the arms of a comparison run the same seeds (and request seeds): paired by seed
+        paired = fig["final_best"][a]["seeds"] == fig["final_best"][b]["seeds"]
         fa, fb = fig["final_best"][a]["objective"]["values"], fig["final_best"][b]["objective"]["values"]
         if fa and fb and None not in fa + fb:
-            out["final best objective"].append(stats.verdict(a, fa, b, fb).text)
-        if a in fig["heldout"] and b in fig["heldout"]:
+            out["final best objective"].append(stats.verdict(a, fa, b, fb, paired=paired).text)
+        if a in fig["heldout"] and b in fig["heldout"]:  # (a pool for every seed of each, in seed order)
             ha, hb = fig["heldout"][a]["best_at_k_max"]["values"], fig["heldout"][b]["best_at_k_max"]["values"]
             k = len(fig["heldout"][a]["k"])
-            out["held-out best@k_max"].append(stats.verdict(a, ha, b, hb, what=f"held-out best@{k}").text)
+            out["held-out best@k_max"].append(stats.verdict(a, ha, b, hb, what=f"held-out best@{k}",
+                                                            paired=paired).text)
     return out
 
 
@@ -409,6 +413,42 @@ def slowdowns(plan, policies: list, arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def pooled_versions(rows: list[dict], arms: dict[str, dict]) -> list[dict]:
+    """Per training policy and version number measured on every seed: its held-out parents of all
+    seeds pooled against the base's, still paired by parent (each seed's parents against its own
+    base pool). Three seeds of 8 parents are 24 pairs; one seed's 8 detect only large changes
+    (tests/benchmarks/power.py). Empty for one seed, or rows without per-parent counts."""
+    per_policy: dict[str, dict[str, list[dict]]] = {}
+    bases = {r["arm"]: r for r in rows if "base" in r}
+    for r in rows:
+        if "base" not in r and r["arm"] in bases and r.get("per_parent") and bases[r["arm"]].get("per_parent"):
+            per_policy.setdefault(arms[r["arm"]]["policy"], {}).setdefault(r["version"], []).append(r)
+    out = []
+    for policy, versions in per_policy.items():
+        seeds = {arm for arm, m in arms.items() if m["policy"] == policy}
+        if len(seeds) < 2:
+            continue
+        for version, rs in sorted(versions.items()):
+            if {r["arm"] for r in rs} != seeds:
+                continue  # not measured on every seed: nothing to pool
+            row: dict = {"policy": policy, "version": version, "seeds": len(rs)}
+            for what in ("valid", "improving"):
+                mine = [r["per_parent"] for r in rs]
+                base = [bases[r["arm"]]["per_parent"] for r in rs]
+                k, n = _joined(mine, f"{what}_n"), _joined(mine, "answers")
+                bk, bn = _joined(base, f"{what}_n"), _joined(base, "answers")
+                d, pv, ci = stats.paired_rate_difference(k, n, bk, bn)
+                row[what] = {"rate": sum(k) / max(sum(n), 1), "base_rate": sum(bk) / max(sum(bn), 1),
+                             "diff": d, "p": pv, "diff_ci95": ci, "parents": len(k),
+                             "vs_base": "level" if pv >= stats.ALPHA else "above" if d > 0 else "below"}
+            out.append(row)
+    return out
+
+
+def _joined(per_parent: list[dict], key: str) -> list[int]:
+    return [v for x in per_parent for v in x[key]]
+
+
 def learning_bar(rows: list[dict], versions: int = 4) -> dict[str, dict]:
     """Per training arm, the bar a mutator that learns must meet (issue 21): over its first
     `versions` published versions neither rate is ever below the base model's (by the 95% interval
@@ -430,21 +470,33 @@ def _pool_counts(path: Path, parents: list[dict]) -> dict | None:
     """Answers, valid answers and answers that beat their parent in a complete held-out pool."""
     if (record := _complete_pools(path, parents)) is None:
         return None
-    answers = [a for p in parents for a in record["parents"][p["key"]]["answers"]]
-    return {"version": record["policy_version"], "answers": len(answers),
-            "valid_n": sum(a["status"] == "ok" for a in answers),
-            "improving_n": sum(a["beats_parent"] for a in answers)}
+    pools = [record["parents"][p["key"]]["answers"] for p in parents]
+    per_parent = {"keys": [p["key"] for p in parents], "answers": [len(a) for a in pools],
+                  "valid_n": [sum(x["status"] == "ok" for x in a) for a in pools],
+                  "improving_n": [sum(x["beats_parent"] for x in a) for a in pools]}
+    return {"version": record["policy_version"], "answers": sum(per_parent["answers"]),
+            "valid_n": sum(per_parent["valid_n"]), "improving_n": sum(per_parent["improving_n"]),
+            "per_parent": per_parent}
 
 
 def _rate(counts: dict, base: dict | None, what: str) -> dict:
-    """A rate with its Wilson interval, and where it stands against the baseline's: below or above
-    when the 95% interval of the difference (Newcombe) lies wholly on that side of 0."""
+    """A rate with its Wilson interval, and where it stands against the baseline's. Both answered
+    the same held-out parents with the same request seeds, so the two are paired by parent: below
+    or above when the sign-flip test of the per-parent differences gives p < 0.05 (the test says
+    "paired by parent"); rows without per-parent counts (older reports) keep Newcombe's interval."""
     k, n = counts[f"{what}_n"], counts["answers"]
     out = {"rate": k / max(n, 1), "ci95": stats.wilson(k, n), "vs_base": None, "diff_ci95": None}
-    if base is not None:
-        lo, hi = stats.rate_difference_ci(k, n, base[f"{what}_n"], base["answers"])
-        out["diff_ci95"] = (lo, hi)
-        out["vs_base"] = "below" if hi < 0 else "above" if lo > 0 else "level"
+    if base is None:
+        return out
+    mine, theirs = counts.get("per_parent"), base.get("per_parent")
+    if mine and theirs and mine["keys"] == theirs["keys"]:
+        d, p, ci = stats.paired_rate_difference(mine[f"{what}_n"], mine["answers"], theirs[f"{what}_n"],
+                                                theirs["answers"])
+        out.update(diff=d, p=p, diff_ci95=ci, test="paired by parent",
+                   vs_base="level" if p >= stats.ALPHA else "above" if d > 0 else "below")
+        return out
+    lo, hi = stats.rate_difference_ci(k, n, base[f"{what}_n"], base["answers"])
+    out.update(diff_ci95=(lo, hi), test="Newcombe", vs_base="below" if hi < 0 else "above" if lo > 0 else "level")
     return out
 
 
@@ -486,6 +538,7 @@ def render(measured: dict, out: Path) -> Path:
     fig.update(measured)
     fig["verdicts"] = verdicts(fig, names)
     fig["learning_bar"] = learning_bar(fig["versions"])
+    fig["versions_pooled"] = pooled_versions(fig["versions"], measured["arms"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "figures.json").write_text(json.dumps(fig, indent=1, default=_json) + "\n")
     plots = compare_plots.draw_all(fig, names, settings["headline"], out)
@@ -537,9 +590,12 @@ def markdown(fig: dict, plots: list[Path]) -> str:
             lines.append(f"- {text}")
     if not any(fig["verdicts"].values()):
         lines.append("- (one policy, or no finished arm: nothing to compare)")
-    lines += ["", f"Significance: two-sided {stats.TEST_NAME} on the per-seed values, p < 0.05; the CI is a "
-              "percentile bootstrap of the difference of medians. With a handful of seeds every bootstrap CI "
-              "here is rough (and narrower than the truth): the p-value is the claim.", ""]
+    lines += ["", f"Significance: the arms ran the same seeds, so each verdict is a two-sided {stats.PAIRED_TEST_NAME} "
+              "of the per-seed differences, p < 0.05 (with n seeds the smallest possible p is 2 / 2^n: 0.25 for "
+              f"three, 0.0625 for five, six to get below 0.05); arms with other seeds get the {stats.TEST_NAME}. "
+              "The CI is a percentile bootstrap of the mean paired difference (or the difference of medians). With a "
+              "handful of seeds every bootstrap CI here is rough (and narrower than the truth): the p-value is the "
+              "claim.", ""]
     lines += _policy_table(fig, names, headline) + [""] + _arm_table(fig, headline) + [""]
     lines += _equal_updates_section(fig) + [""] + _heldout_section(fig, names) + [""]
     lines += _versions_section(fig) + [""]
@@ -650,7 +706,28 @@ def _heldout_section(fig: dict, names: list[str]) -> list[str]:
 
 def _versions_section(fig: dict) -> list[str]:
     return _versions_table(fig.get("versions") or [], fig.get("learning_bar") or {}) + \
-        _speed_lines(fig.get("slowdown") or {})
+        _pooled_table(fig.get("versions_pooled") or []) + _speed_lines(fig.get("slowdown") or {})
+
+
+def _pooled_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "### Per version, seeds pooled", "",
+           "Each version number measured on every seed: all seeds' held-out parents against each seed's own "
+           "base pool, paired by parent (sign-flip permutation test of the per-parent rate differences; mean "
+           "difference with its 95% bootstrap interval).", "",
+           "| policy | version | seeds | parents | valid (base) | difference | p | vs base | improving (base) | "
+           "difference | p | vs base |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for what in ("valid", "improving"):
+            x = r[what]
+            lo, hi = x["diff_ci95"]
+            cells.append(f"{x['rate']:.1%} ({x['base_rate']:.1%}) | {x['diff']:+.1%} [{lo:+.1%}, {hi:+.1%}] | "
+                         f"{x['p']:.3g} | {x['vs_base']}")
+        out.append(f"| {r['policy']} | v{r['version']} | {r['seeds']} | {r['valid']['parents']} | "
+                   + " | ".join(cells) + " |")
+    return out
 
 
 def _versions_table(rows: list[dict], bars: dict) -> list[str]:
@@ -659,8 +736,11 @@ def _versions_table(rows: list[dict], bars: dict) -> list[str]:
     out = ["## Held-out quality per policy version", "",
            "Each training arm's versions on the held-out parents (`--heldout-versions`; without it only the "
            "last), against its baseline: the frozen arm with the same m and seed, i.e. the base model. "
-           "Rates with their 95% Wilson interval; below / above: the 95% interval of the difference "
-           "(Newcombe) lies wholly below / above 0; level otherwise.", "",
+           "Rates with their 95% Wilson interval; below / above: a version and its base answered the same "
+           "held-out parents with the same request seeds, so they are paired by parent, and the two-sided "
+           "sign-flip permutation test of the per-parent rate differences gives p < 0.05 (with 8 parents the "
+           "smallest possible p is 2 / 2^8 = 0.008); level otherwise. (Rows of older reports, without "
+           "per-parent counts: the 95% interval of the difference, Newcombe, lies wholly below / above 0.)", "",
            "| arm | version | answers | valid | vs base | improving | vs base |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         v, i = r["valid"], r["improving"]

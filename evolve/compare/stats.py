@@ -3,8 +3,11 @@
 - best@k and pass@k over a pool of n sampled answers (k drawn without replacement);
 - diversity of a group's answers (mean pairwise L1 between reward vectors);
 - MAP-Elites coverage and QD-score;
-- a seeded bootstrap confidence interval, and a rank permutation verdict for a pair of arms;
-- Wilson intervals of a rate, and Newcombe's interval of the difference of two rates.
+- a seeded bootstrap confidence interval, and a permutation verdict for a pair of arms: paired
+  by seed (sign flips of the per-seed differences) where the arms ran the same seeds, as a
+  comparison's arms do (same seeds, parents and request seeds), the rank test where they did not;
+- Wilson intervals of a rate; the difference of two rates paired by held-out parent (the version
+  and its base answer the same parents), or Newcombe's interval where no pairing is known.
 """
 from __future__ import annotations
 
@@ -181,13 +184,38 @@ def rank_permutation_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | 
     return float(res.statistic), float(min(res.pvalue, 1.0))
 
 
+PAIRED_TEST_NAME = "paired sign-flip permutation test (exact over every sign of the paired differences)"
+
+
+def min_paired_p(n: int) -> float:
+    """Smallest two-sided p of the sign-flip test on n pairs: 2 / 2^n (0.25 for three seeds)."""
+    return min(1.0, 2 / 2 ** n)
+
+
+def paired_permutation_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
+                            seed: int = 0) -> tuple[float, float]:
+    """(mean of a - b, two-sided p) for paired values: under no difference each pair's sign is a
+    coin flip. Exact over the 2^n signs up to 20,000 of them, sampled beyond. Arms that share
+    seeds (or held-out parents) differ by less within a pair than between pairs; an unpaired test
+    spends that variation as noise."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.size == 0:
+        raise ValueError("no pairs")
+    if np.all(d == 0):
+        return 0.0, 1.0
+    res = stats.permutation_test((d,), np.mean, permutation_type="samples", vectorized=True,
+                                 n_resamples=20_000, alternative="two-sided", random_state=seed)
+    return float(res.statistic), float(min(res.pvalue, 1.0))
+
+
 def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], what: str = "final best objective",
-            alpha: float = ALPHA, seed: int = 0) -> Verdict:
+            alpha: float = ALPHA, seed: int = 0, paired: bool = False) -> Verdict:
     """A plain-language comparison of two arms on per-seed values (higher is better).
 
-    "A better than B" only when the two-sided rank permutation p < alpha; the direction is the
-    side with the larger U (P(A > B) + P(tie)/2 > 1/2). With one seed on either side there is
-    no test at all, and the text says so.
+    `paired`: a[i] and b[i] ran the same seed, so the sign-flip test on the per-seed differences
+    decides; else the rank permutation test. "A better than B" only when the two-sided p < alpha;
+    the direction is the side with the larger mean difference (paired) or U (P(A > B) + P(tie)/2
+    > 1/2). With one seed on either side there is no test at all, and the text says so.
     """
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ma, mb = float(np.median(x)), float(np.median(y))
@@ -195,14 +223,25 @@ def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], wh
     if x.size < 2 or y.size < 2:
         text = f"{name_a} vs {name_b}: one seed: no statistical claim ({medians})"
         return Verdict(name_a, name_b, x.size, y.size, ma, mb, None, None, None, None, None, text)
-    u, p = rank_permutation_test(x, y, seed)
-    low, high = bootstrap_diff_ci(x, y, np.median, seed=seed)
-    floor = min_p_value(x.size, y.size)
-    support = (f"U={u:g}, two-sided permutation p={p:.3g}, n={x.size} vs {y.size} seeds; "
-               f"{medians}; difference {ma - mb:+.4f}, 95% bootstrap CI [{low:+.4f}, {high:+.4f}]")
+    if paired and x.size != y.size:
+        raise ValueError(f"paired values need one per seed on both sides, got {x.size} and {y.size}")
+    if paired:
+        mean_d, p = paired_permutation_test(x, y, seed)
+        low, high = bootstrap_ci(x - y, np.mean, seed=seed)
+        floor, u = min_paired_p(x.size), None
+        support = (f"paired by seed: sign-flip permutation p={p:.3g}, n={x.size} seeds; {medians}; mean paired "
+                   f"difference {mean_d:+.4f}, 95% bootstrap CI [{low:+.4f}, {high:+.4f}]")
+        ahead = mean_d > 0
+    else:
+        u, p = rank_permutation_test(x, y, seed)
+        low, high = bootstrap_diff_ci(x, y, np.median, seed=seed)
+        floor = min_p_value(x.size, y.size)
+        support = (f"U={u:g}, two-sided permutation p={p:.3g}, n={x.size} vs {y.size} seeds; "
+                   f"{medians}; difference {ma - mb:+.4f}, 95% bootstrap CI [{low:+.4f}, {high:+.4f}]")
+        ahead = u > x.size * y.size / 2
     winner = None
     if p < alpha:
-        winner = name_a if u > x.size * y.size / 2 else name_b
+        winner = name_a if ahead else name_b
         loser = name_b if winner == name_a else name_a
         text = f"{winner} better than {loser} on {what} ({support})"
     else:
@@ -219,6 +258,18 @@ def wilson(k: int, n: int, level: float = CONFIDENCE) -> tuple[float, float]:
         return (0.0, 1.0)
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
     return (float(ci.low), float(ci.high))
+
+
+def paired_rate_difference(k1: Sequence[int], n1: Sequence[int], k2: Sequence[int], n2: Sequence[int],
+                           seed: int = 0) -> tuple[float, float, tuple[float, float]]:
+    """Two rates measured on the same units (held-out parents): (mean per-unit difference, its
+    sign-flip p, a 95% bootstrap CI of it). The unit is the parent, not the answer: one parent's
+    answers share its prompt and stand or fall together, so counting them as independent (as
+    Newcombe's interval does) makes an interval too narrow."""
+    r1 = np.asarray(k1, dtype=float) / np.maximum(np.asarray(n1, dtype=float), 1)
+    r2 = np.asarray(k2, dtype=float) / np.maximum(np.asarray(n2, dtype=float), 1)
+    mean_d, p = paired_permutation_test(r1, r2, seed)
+    return mean_d, p, bootstrap_ci(r1 - r2, np.mean, seed=seed)
 
 
 def rate_difference_ci(k1: int, n1: int, k2: int, n2: int, level: float = CONFIDENCE) -> tuple[float, float]:

@@ -179,9 +179,11 @@ def test_compare_runs_every_arm_then_reports_numbers_from_the_databases(scripted
         assert "pool_of" not in first and (other["pool_of"], other["arm"]) == (f"{policy}-s0", f"{policy}-s1")
         assert other["parents"] == first["parents"] and other["run_evaluations"] == 6
         assert fig["heldout_arms"][f"{policy}-s1"] == fig["heldout_arms"][f"{policy}-s0"]
-    # verdicts: two seeds each cannot support a claim at 0.05, and the report says so
+    # verdicts: the arms share their two seeds, so they are paired by seed; two pairs cannot support
+    # a claim at 0.05 (2 / 2^2), and the report says so
     [line] = fig["verdicts"]["final best objective"]
-    assert ("no significant difference between alpha and beta" in line and "smallest possible p is 0.333" in line)
+    assert "no significant difference between alpha and beta" in line and "paired by seed" in line
+    assert "smallest possible p is 0.5" in line
     assert line in md
 
 
@@ -621,33 +623,38 @@ def test_each_training_arm_is_told_its_own_baseline():
 
 
 def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_path):
-    """Held-out pools of a training arm's versions, read against its frozen m-matched arm's pool."""
+    """Held-out pools of a training arm's versions, read against its frozen m-matched arm's pool,
+    paired by parent (both answered the same parents with the same request seeds)."""
     from evolve.compare.report import learning_bar, slowdowns, version_quality
 
-    parents = [{"key": f"from:x#{i}", "code": f"x = {i}", "inspirations": []} for i in range(2)]
+    parents = [{"key": f"from:x#{i}", "code": f"x = {i}", "inspirations": []} for i in range(8)]
     folder = tmp_path / "heldout"
     folder.mkdir()
 
-    def pool(name: str, version: int, valid: int, wins: int, n: int = 20) -> None:
-        answers = [{"status": "ok" if i < valid else "error", "beats_parent": i < wins} for i in range(n)]
-        record = {"policy_version": version, "parents_digest": heldout.digest(parents),
-                  "parents": {p["key"]: {"answers": answers} for p in parents}}
+    def pool(name: str, version: int, valid: int, wins: int | list[int], n: int = 20) -> None:
+        wins = wins if isinstance(wins, list) else [wins] * len(parents)
+        record = {"policy_version": version, "parents_digest": heldout.digest(parents), "parents": {
+            p["key"]: {"answers": [{"status": "ok" if i < valid else "error", "beats_parent": i < w}
+                                   for i in range(n)]} for p, w in zip(parents, wins)}}
         (folder / f"{name}.json").write_text(json.dumps(record))
 
     pool("frozen-s0", 0, valid=10, wins=2)
     pool("frozen_m3-s0", 0, valid=19, wins=2)  # another m: not grpo's baseline
-    pool("grpo-s0@v1", 1, valid=1, wins=0)
-    pool("grpo-s0@v2", 2, valid=10, wins=3)
+    pool("grpo-s0@v1", 1, valid=1, wins=[2, 2, 2, 2, 1, 3, 2, 2])  # fewer valid on every parent: below
+    pool("grpo-s0@v2", 2, valid=10, wins=[3, 2, 2, 2, 2, 2, 2, 2])  # one parent better: level
     pool("grpo-s0", 10, valid=20, wins=12)
     policies = [load_policy(ROOT / "policies" / f"{n}.yaml") for n in ("frozen", "frozen_m3", "grpo")]
     plan = compare.Plan(tmp_path, "problem.yaml", [], [0], 3, None, {})
     base, *rows = version_quality(plan, policies, parents)
     assert (base["base"], base["version"], base["valid"]["rate"]) == ("frozen-s0", 0, 0.5)  # the row read against
     assert [r["version"] for r in rows] == [1, 2, 10]  # v10 sorts after v2: by number, the last from ARM.json
-    assert [r["answers"] for r in rows] == [40, 40, 40]
+    assert [r["answers"] for r in rows] == [160, 160, 160]
     assert [r["valid"]["vs_base"] for r in rows] == ["below", "level", "above"]
     assert [r["improving"]["vs_base"] for r in rows] == ["level", "level", "above"]
-    assert rows[1]["valid"]["rate"] == 0.5 and rows[1]["valid"]["ci95"] == pytest.approx(stats.wilson(20, 40))
+    assert {r["valid"]["test"] for r in rows} == {"paired by parent"}
+    assert rows[0]["valid"]["p"] == pytest.approx(2 / 2 ** 8)  # 8 parents, every one lower: the exact floor
+    assert rows[1]["improving"]["diff"] == pytest.approx(0.05 / 8)
+    assert rows[1]["valid"]["rate"] == 0.5 and rows[1]["valid"]["ci95"] == pytest.approx(stats.wilson(80, 160))
     assert version_quality(plan, policies, parents[:1]) == []  # pools of another parent set are stale
     # issue 21's bar over the first versions: v1 is below the base, so it is not met
     assert learning_bar([base, *rows], versions=3)["grpo-s0"] == {
@@ -659,6 +666,29 @@ def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_p
             "grpo-s0": {"arm": "grpo-s0", "evaluations": 200, "wall_s": 6000.0}}
     assert slowdowns(plan, policies, arms) == {"grpo-s0": pytest.approx(
         {"base": "frozen-s0", "evals_per_min": 2.0, "base_evals_per_min": 10.0, "slowdown": 5.0})}
+
+
+def test_a_version_measured_on_every_seed_is_pooled_over_their_parents_still_paired():
+    """Two seeds of 4 parents: the version one answer ahead on every parent is above its base when
+    the 8 pairs are pooled (2/256), not on either seed alone (2/16 each)."""
+    from evolve.compare.report import _pooled_table, pooled_versions
+
+    def row(arm, version, valid, base=None):
+        per_parent = {"keys": [f"{arm}#{i}" for i in range(4)], "answers": [16] * 4, "valid_n": [valid] * 4,
+                      "improving_n": [1, 0, 0, 1]}
+        return {"arm": arm, "version": version, "per_parent": per_parent, **({"base": base} if base else {})}
+
+    arms = {f"{p}-s{s}": {"policy": p, "seed": s} for p in ("frozen", "grpo") for s in (0, 1)}
+    rows = [row("grpo-s0", 0, 8, base="frozen-s0"), row("grpo-s0", 1, 9), row("grpo-s0", 2, 9),
+            row("grpo-s1", 0, 8, base="frozen-s1"), row("grpo-s1", 1, 9)]  # v2 only on seed 0
+    [pooled] = pooled_versions(rows, arms)
+    assert (pooled["policy"], pooled["version"], pooled["seeds"]) == ("grpo", 1, 2)
+    assert pooled["valid"]["parents"] == 8 and pooled["valid"]["diff"] == pytest.approx(1 / 16)
+    assert pooled["valid"]["p"] == pytest.approx(2 / 2 ** 8) and pooled["valid"]["vs_base"] == "above"
+    assert pooled["improving"]["vs_base"] == "level" and pooled["improving"]["p"] == 1.0
+    assert pooled_versions(rows[:3], {k: v for k, v in arms.items() if k.endswith("s0")}) == []  # one seed
+    assert "| grpo | v1 | 2 | 8 | 56.2% (50.0%) | +6.2% [+6.2%, +6.2%] | 0.00781 | above |" in "\n".join(
+        _pooled_table([pooled]))
 
 
 def test_the_arm_table_says_when_the_best_was_found_and_names_the_headline_once():
@@ -694,9 +724,9 @@ def test_seeds_run_apart_merge_into_the_report_of_one_comparison(scripted, tmp_p
         finals = [e["arms"][f"{policy}-s{s}"]["best_objective"] for s, e in enumerate(each)]
         assert fig["final_best"][policy]["objective"]["values"] == pytest.approx(finals)
         assert fig["best_vs_evaluations"][policy]["objective"]["median"][-1] == pytest.approx(sum(finals) / 2)
-    [line] = fig["verdicts"]["final best objective"]  # two seeds a side: the report says it can claim nothing
-    assert "smallest possible p is 0.333" in line and all(not e["verdicts"]["final best objective"][0].count("0.333")
-                                                          for e in each)
+    [line] = fig["verdicts"]["final best objective"]  # two seeds, paired: the report says it can claim nothing
+    assert "paired by seed" in line and "smallest possible p is 0.5" in line
+    assert all("one seed: no statistical claim" in e["verdicts"]["final best objective"][0] for e in each)
     md = (out / "report.md").read_text()
     assert f"`{apart[0]}` (seeds [0])" in md and f"`{apart[1]}` (seeds [1])" in md and line in md
     for f in ("best_vs_evaluations.png", "final_best.png", "diversity.png", "archive.png", "cost.png"):

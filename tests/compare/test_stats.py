@@ -172,6 +172,38 @@ def test_verdict_no_significant_difference():
     assert v.winner is None and v.p == pytest.approx(0.1) and "smallest possible p is 0.1" in v.text
 
 
+def test_paired_sign_flip_test_is_exact_for_small_samples():
+    assert stats.paired_permutation_test([1, 2, 3], [0, 1, 2]) == pytest.approx((1.0, 0.25))  # 2 of 8 signs
+    assert stats.min_paired_p(3) == 0.25 and stats.min_paired_p(6) == pytest.approx(1 / 32)
+    assert stats.paired_permutation_test([0.5, 0.7], [0.5, 0.7]) == (0.0, 1.0)  # no difference at all
+    # differences +3, -1, -1: every one of the 8 sign patterns is as far from 0, so p = 1
+    mean, p = stats.paired_permutation_test([3, 0, 0], [0, 1, 1])
+    assert mean == pytest.approx(1 / 3) and p == pytest.approx(1.0)
+
+
+def test_a_paired_verdict_sees_what_seeds_hide():
+    """Six seeds, each a little better under `a` than under `b` on the same seed, while the seeds
+    differ a lot: paired by seed it is a win (p = 2/64); the rank test on the pooled values sees
+    two overlapping samples."""
+    b = [0.50, 0.60, 0.70, 0.80, 0.90, 1.00]
+    a = [x + 0.01 for x in b]
+    v = stats.verdict("vpo", a, "grpo", b, paired=True)
+    assert v.winner == "vpo" and "paired by seed" in v.text and v.p == pytest.approx(1 / 32)
+    assert stats.verdict("vpo", a, "grpo", b).winner is None
+    v = stats.verdict("vpo", a[:3], "grpo", b[:3], paired=True)
+    assert v.winner is None and "smallest possible p is 0.25" in v.text
+    with pytest.raises(ValueError, match="one per seed"):
+        stats.verdict("vpo", a, "grpo", b[:4], paired=True)
+
+
+def test_rates_paired_by_parent():
+    """The unit is the parent: 8 parents, the version ahead on every one, is p = 2/256."""
+    d, p, (low, high) = stats.paired_rate_difference([10] * 8, [16] * 8, [8] * 8, [16] * 8)
+    assert d == pytest.approx(2 / 16) and p == pytest.approx(2 / 256) and low == high == pytest.approx(2 / 16)
+    d, p, _ = stats.paired_rate_difference([16, 0, 16, 0], [16] * 4, [0, 16, 0, 16], [16] * 4)
+    assert d == 0 and p == 1.0  # the same total, opposite parents: no evidence
+
+
 def test_verdict_one_seed_makes_no_claim():
     v = stats.verdict("frozen", [0.8], "grpo", [0.9])
     assert v.winner is None and v.p is None
