@@ -16,11 +16,13 @@ Definitions (what the numbers mean):
   island's best into the next one: per-island sums would count one program several times. The
   per-island values are in figures.json too.)
 - diversity: per LLM call (group), the mean pairwise L1 distance between the reward vectors of
-  its valid answers, beside the share of its answers that are valid (failed answers are all
-  alike, so counting them as zero vectors would make failing look diverse);
-- held-out set reward: VPO's own quantity, per completion E_w[max over its m answers of w.r]
-  with w ~ Dirichlet(1) (1,000 fixed draws), averaged over completions (whole completions,
-  not single answers; for m = 1 it is the mean reward);
+  its new valid answers, beside the share of its answers that are new and valid (failed answers,
+  copies and answers with their parent's outputs are all alike, so counting them as vectors
+  would make failing or copying look diverse);
+- held-out reward per answer (every arm): the mean over answers of E_w[w.r], w ~ Dirichlet(1);
+  held-out set reward (arms of m > 1 only): VPO's own quantity, per completion E_w[max over its
+  m answers of w.r] (1,000 fixed draws), averaged over whole completions. The two are reported
+  apart: a set of 3 is worth more than one answer by construction;
 - held-out best@k / pass@k: evolve/rl/heldout.py and evolve/compare/stats.py.
 """
 from __future__ import annotations
@@ -178,12 +180,13 @@ def _archive(s: Session, run_id: int, problem) -> dict:
 
 
 def _diversity(s: Session, run_id: int, problem) -> list[dict]:
-    """Per group: the diversity of its valid answers, and the share of its answers that are valid
-    (failed answers are all alike: counting them would make failing look diverse)."""
+    """Per group: the diversity of its new valid answers, and the share of its answers that are
+    new and valid. Failed answers are all alike, and so are copies and answers with their parent's
+    outputs (zero reward rows): counting them would make failing or copying look diverse."""
     components = [c.name for c in problem.components]
     out = []
     for i, group in enumerate(complete_groups(rollout_rows(s, run_id), components)):
-        valid = [r.answers[r.valid] for r in group.rollouts if len(r.answers)]
+        valid = [r.answers[r.new] for r in group.rollouts if len(r.answers)]
         answers = sum(len(r.answers) for r in group.rollouts)
         vectors = np.vstack(valid or [np.zeros((0, len(components)))])
         out.append({"group": i, "call_id": group.call_id, "version": group.policy_version,
@@ -210,6 +213,7 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
     if (record := _complete_pools(path, parents)) is None:
         return None
     per_parent = {}
+    m = record.get("answers_per_completion", 1)
     for p in parents:
         answers = record["parents"][p["key"]]["answers"]
         values = [a["objective"] for a in answers]
@@ -221,7 +225,8 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
             "best_at_k": [stats.best_at_k(values, k) for k in ks],
             "pass_at_k": [stats.pass_at_k(n, c, k) for k in ks],
             "diversity": stats.diversity([a["vector"] for a in valid]),
-            "set_reward": stats.set_quality([a["vector"] for a in answers], record.get("answers_per_completion", 1)),
+            "answer_reward": stats.set_quality([a["vector"] for a in answers], 1),
+            "set_reward": stats.set_quality([a["vector"] for a in answers], m) if m > 1 else None,
             "tokens": record["parents"][p["key"]]["tokens"]}
     k = min(len(v["best_at_k"]) for v in per_parent.values())
     mean = lambda key: [float(np.mean([v[key][i] for v in per_parent.values()])) for i in range(k)]  # noqa: E731
@@ -230,6 +235,7 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
             "best_at_k": mean("best_at_k"), "pass_at_k": mean("pass_at_k"),
             "diversity": float(np.mean(diversities)) if diversities else None,
             "valid_rate": _mean([v["valid_rate"] for v in per_parent.values()]),
+            "answer_reward": _mean([v["answer_reward"] for v in per_parent.values()]),
             "set_reward": _mean([v["set_reward"] for v in per_parent.values()]),
             "tokens": sum(v["tokens"] for v in per_parent.values()), "parents": per_parent}
 
@@ -304,6 +310,7 @@ def figures(names: list[str], budget: int, arms_metrics: list[dict], heldout: di
                                     "pass_at_k_max": summary([p["pass_at_k"][k - 1] for p in pools]),
                                     "diversity": summary([p["diversity"] for p in pools]),
                                     "valid_rate": summary([p.get("valid_rate") for p in pools]),
+                                    "answer_reward": summary([p.get("answer_reward") for p in pools]),
                                     "set_reward": summary([p.get("set_reward") for p in pools])}
     fig["equal_updates"] = equal_updates(arms_metrics)
     return fig
@@ -625,8 +632,9 @@ def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
     rows = ["## Per policy (mean and 95% bootstrap CI over seeds)", "",
             "| policy | seeds | final best objective | " + (f"final best {headline} | " if extra else "")
             + "coverage | QD-score | valid mutations | diversity (valid answers) | held-out valid | "
-            "held-out best@k_max | held-out pass@k_max | held-out set reward |",
-            "|---" * (11 + extra) + "|"]
+            "held-out best@k_max | held-out pass@k_max | held-out reward per answer | held-out set reward "
+            "(whole completions, m > 1) |",
+            "|---" * (12 + extra) + "|"]
     for n in names:
         fb, ar, co, dv = fig["final_best"][n], fig["archive"][n], fig["cost"][n], fig["diversity"][n]
         ho = fig["heldout"].get(n)
@@ -635,7 +643,7 @@ def _policy_table(fig: dict, names: list[str], headline: str) -> list[str]:
                     + f"{_ci(ar['coverage'], 3)} | {_ci(ar['qd_score'], 3)} | {_ci(co['valid_mutation_rate'], 3)} | "
                     f"{_ci(dv['mean'], 4)} | {_ci(ho['valid_rate'], 3) if ho else '-'} | "
                     f"{_ci(ho['best_at_k_max']) if ho else '-'} | {_ci(ho['pass_at_k_max'], 3) if ho else '-'} | "
-                    f"{_ci(ho['set_reward'], 4) if ho else '-'} |")
+                    f"{_ci(ho['answer_reward'], 4) if ho else '-'} | {_ci(ho['set_reward'], 4) if ho else '-'} |")
     return rows
 
 

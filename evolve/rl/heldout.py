@@ -47,9 +47,10 @@ from evolve.store.database import code_hash
 from evolve.store.schema import Cell, PolicyVersion, Program, Run
 
 SALT = 0x6E1D  # request seeds of held-out calls: the same for every arm, apart from the runs'
-# How a pool is sampled; a pool sampled otherwise (two calls of 8 before 2026-11) is measured
-# again, so that every pool of a comparison answers the same request with the same seed.
-SAMPLING = "one call per parent"
+# How a pool is sampled; a pool sampled otherwise (two calls of 8 before 2026-11; cut to n answers,
+# splitting a completion of m, before 2026-12) is measured again, so that every pool of a
+# comparison answers the same request with the same seed, in whole completions.
+SAMPLING = "one call per parent, whole completions"
 
 
 # ---- choosing the parents -----------------------------------------------------------------------
@@ -155,15 +156,16 @@ class Settings:
 
 
 def completions(samples: int, answers_per_completion: int) -> int:
-    """ceil(n / m): a VPO completion holds m answers, so a pool of n answers costs every arm the
-    same n evaluations (the fair budget of docs/design.md §8), not the same number of completions."""
+    """ceil(n / m): a VPO completion holds m answers, so a pool of about n answers costs every arm
+    about the same n evaluations (the fair budget of docs/design.md §8), not the same number of
+    completions; whole completions (18 answers for n = 16, m = 3), since a set is what VPO trains."""
     return math.ceil(samples / answers_per_completion)
 
 
 async def sample_answers(client, problem: Problem, policy: Policy, parent: dict, parent_index: int,
                          samples: int, model: str | None = None) -> tuple[list[str | None], int]:
-    """n answers for one parent from the served name `model` (None: the base model), where None
-    is a slot the completion left empty, and the tokens spent.
+    """ceil(n / m) whole completions of m answers for one parent from the served name `model`
+    (None: the base model), where None is a slot the completion left empty, and the tokens spent.
 
     One call per parent: on two CPU cores a call of n = 16 generates 1.7x the tokens/s of a
     call of 8 (tests/benchmarks/serving.py --batches), and one seeded request is batched the
@@ -177,7 +179,8 @@ async def sample_answers(client, problem: Problem, policy: Policy, parent: dict,
     for text in sample.texts:
         parts = pipeline.answers(text, m)
         answers += parts + [None] * (m - len(parts))  # a missing answer is a failed one
-    return answers[:samples], sample.completion_tokens or 0
+    # every completion whole: cut at n, the last set of m was one answer (16 = 5 x 3 + 1)
+    return answers, sample.completion_tokens or 0
 
 
 class Answer(TypedDict):

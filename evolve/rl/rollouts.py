@@ -24,6 +24,9 @@ class Rollout:
     valid: np.ndarray | None = None  # (m_g,) bool: the answer applied and its child scored
     logprobs: list[float] | None = None  # the sampler's, per token of token_ids (vLLM only)
     penalty: float = 0.0  # the mean over its answers of what their failures cost (Penalties)
+    # (m_g,) bool: valid and found something new, not its parent's outputs nor a copy of a stored
+    # program (outcome `same`, whose reward row is zeros): what valid rates and diversity count
+    new: np.ndarray | None = None
 
 
 @dataclass
@@ -95,5 +98,6 @@ def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int
         rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
                                 completion.finish_reason, matrix,
                                 np.array([a.status == "ok" for a in answers], dtype=bool),
-                                completion.logprobs if logprobs else None, penalty(answers, penalties)))
+                                completion.logprobs if logprobs else None, penalty(answers, penalties),
+                                np.array([a.status == "ok" and a.outcome != "same" for a in answers], dtype=bool)))
     return Group(call.id, call.policy_version, json.loads(call.prompt), call.prompt_token_ids, rollouts)

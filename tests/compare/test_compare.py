@@ -436,7 +436,7 @@ def test_a_pool_is_one_seeded_call_per_parent_of_n_answers(tmp_path, policy_file
               "inspirations": []}
     answers, tokens = asyncio.run(heldout.sample_answers(Recording(), problem, policy, parent, 3, 16))
     assert asked == [(completions, pipeline.request_seed(heldout.SALT, 3, 0))]
-    assert len(answers) == 16 and tokens == 60 * completions
+    assert len(answers) == completions * policy.answers and tokens == 60 * completions  # whole completions: 16, 18
 
 
 def test_a_pool_sampled_another_way_is_measured_again(tmp_path):
@@ -666,6 +666,26 @@ def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_p
             "grpo-s0": {"arm": "grpo-s0", "evaluations": 200, "wall_s": 6000.0}}
     assert slowdowns(plan, policies, arms) == {"grpo-s0": pytest.approx(
         {"base": "frozen-s0", "evals_per_min": 2.0, "base_evals_per_min": 10.0, "slowdown": 5.0})}
+
+
+def test_held_out_reward_per_answer_and_set_reward_are_apart(tmp_path):
+    """m = 1 and m = 3 pools: every arm gets the reward per answer; only m > 1 a set reward over
+    its whole completions (a set of 3 is worth more than one answer by construction)."""
+    from evolve.compare.report import read_heldout
+
+    parents = [{"key": "p", "code": "x = 0", "inspirations": []}]
+    vectors = [[1, 0], [0, 1], [0, 0], [0.3, 0.3], [0.3, 0.3], [0.3, 0.3]]
+    answers = [{"status": "ok", "objective": sum(v) / 2, "vector": v, "beats_parent": False} for v in vectors]
+    for m in (1, 3):
+        path = tmp_path / f"m{m}.json"
+        path.write_text(json.dumps({"policy_version": 0, "parents_digest": heldout.digest(parents),
+                                    "answers_per_completion": m, "parents": {"p": {"answers": answers, "tokens": 1}}}))
+        pool = read_heldout(path, parents, 4)
+        assert pool["answer_reward"] == pytest.approx((0.5 + 0.5 + 0 + 0.9) / 6, abs=0.01)
+        if m == 1:
+            assert pool["set_reward"] is None
+        else:  # {(1,0), (0,1), (0,0)}: E max(w1, w2) = 3/4; {(0.3,0.3) x 3}: 0.3
+            assert pool["set_reward"] == pytest.approx((0.75 + 0.3) / 2, abs=0.01)
 
 
 def test_a_version_measured_on_every_seed_is_pooled_over_their_parents_still_paired():

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from evolve.config import Descriptor, Policy, Search, load_policy
 from evolve.mutation import pipeline
@@ -78,6 +79,25 @@ def _hook(tmp_path, db, algorithm: str, groups=2, emit=lambda *a, **k: None) -> 
     hook = RLHook(policy, problem, db, tmp_path, tmp_path, "", emit)
     hook.components = COMPONENTS
     return hook
+
+
+def test_new_valid_answers_leave_out_the_parents_outputs_and_copies(tmp_path):
+    """An answer with its parent's outputs (or a copy) ran, but found nothing: its reward row is
+    zeros, and a comparison's valid rate and diversity must not count it (issue 59, defect 5)."""
+    from evolve.compare.report import _diversity
+
+    db = open_db(tmp_path)
+    add_group(db, [[("ok", {"x": 1, "y": 0})], [("ok", {"x": 0, "y": 1})], [("ok", {"x": 1, "y": 0})],
+                   [("invalid", None)]])
+    same = db.session.scalars(select(Program).where(Program.origin == "mutation").order_by(Program.id)).all()[1]
+    same.outcome = "same"
+    db.session.commit()
+    [group] = complete_groups(db.rollout_rows(0), COMPONENTS)
+    assert [bool(r.valid[0]) for r in group.rollouts] == [True, True, True, False]
+    assert [bool(r.new[0]) for r in group.rollouts] == [True, False, True, False]
+    problem = SimpleNamespace(components=[SimpleNamespace(name=c) for c in COMPONENTS])
+    [row] = _diversity(db.session, db.run_id, problem)
+    assert row["valid_rate"] == 0.5 and row["diversity"] == 0.0  # two new answers, alike
 
 
 def test_the_hook_is_due_after_train_every_groups_of_the_current_version(tmp_path):
