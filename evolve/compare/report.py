@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from evolve.compare import plots as compare_plots
 from evolve.compare import stats
 from evolve.config import load_policy, load_problem
+from evolve.rl.heldout import new_valid
 from evolve.rl.rollouts import complete_groups
 from evolve.rundir import RunDir
 from evolve.store.connection import readonly_engine
@@ -219,7 +220,7 @@ def read_heldout(path: Path, parents: list[dict], k_max: int) -> dict | None:
         values = [a["objective"] for a in answers]
         n, c = len(values), sum(a["beats_parent"] for a in answers)
         ks = range(1, min(k_max, n) + 1)
-        valid = [a for a in answers if a["status"] == "ok"]
+        valid = [a for a in answers if new_valid(a)]
         per_parent[p["key"]] = {
             "n": n, "beats_parent": c, "valid": len(valid), "valid_rate": len(valid) / n if n else None,
             "best_at_k": [stats.best_at_k(values, k) for k in ks],
@@ -479,7 +480,7 @@ def _pool_counts(path: Path, parents: list[dict]) -> dict | None:
         return None
     pools = [record["parents"][p["key"]]["answers"] for p in parents]
     per_parent = {"keys": [p["key"] for p in parents], "answers": [len(a) for a in pools],
-                  "valid_n": [sum(x["status"] == "ok" for x in a) for a in pools],
+                  "valid_n": [sum(new_valid(x) for x in a) for a in pools],
                   "improving_n": [sum(x["beats_parent"] for x in a) for a in pools]}
     return {"version": record["policy_version"], "answers": sum(per_parent["answers"]),
             "valid_n": sum(per_parent["valid_n"]), "improving_n": sum(per_parent["improving_n"]),

@@ -28,7 +28,7 @@ from evolve.config import Guard as GuardSettings
 from evolve.config import Policy, Problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.prompt import answer_format
-from evolve.rl.heldout import sample_answers, score_answers
+from evolve.rl.heldout import new_valid, sample_answers, score_answers
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 
@@ -39,7 +39,7 @@ SALT = 0x6A4D  # the guard's parents and request seeds: apart from the run's and
 class Rates:
     version: int
     answers: int
-    valid: float  # share of answers whose child scored
+    valid: float  # share of answers whose child scored with outputs of its own (heldout.new_valid)
     improving: float  # share of answers whose child beat its parent
     seconds: float
 
@@ -94,7 +94,7 @@ class Guard:
                                            self.problem.budget.eval_concurrency,
                                            answer_format(self.policy, SALT + i), self.policy.literal_digits)
         n = max(len(records), 1)
-        return Rates(version, len(records), sum(r["status"] == "ok" for r in records) / n,
+        return Rates(version, len(records), sum(new_valid(r) for r in records) / n,
                      sum(r["beats_parent"] for r in records) / n, time.time() - started)
 
     async def prepare(self, client: Sampler, old: tuple[int, str], evaluator: Evaluator) -> bool:

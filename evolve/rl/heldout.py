@@ -190,6 +190,13 @@ class Answer(TypedDict):
     headline: float | None
     vector: list[float]  # the components, each >= 0; zeros unless ok
     beats_parent: bool
+    same: bool  # ran with the parent's very outputs (its components): valid, but nothing new
+
+
+def new_valid(answer: Answer | dict) -> bool:
+    """An answer that ran and found something of its own: what a held-out valid rate counts (one
+    with its parent's outputs would count code that changed nothing, or only its comments)."""
+    return answer["status"] == "ok" and not answer.get("same", False)
 
 
 async def score_answers(evaluator, problem: Problem, parent: dict, answers: list[str | None],
@@ -207,20 +214,20 @@ async def score_answers(evaluator, problem: Problem, parent: dict, answers: list
             results[normalise(code)] = await evaluator.evaluate(code)
 
     await asyncio.gather(*(evaluate(c) for c in pipeline.distinct(children).values()))
-    return [_answer_record(results[normalise(c)] if c else None, parent["objective"], components)
-            for c in children]
+    return [_answer_record(results[normalise(c)] if c else None, parent, components) for c in children]
 
 
-def _answer_record(result, parent_objective: float, components: list[str]) -> Answer:
+def _answer_record(result, parent: dict, components: list[str]) -> Answer:
     """An answer's outcome; a failed mutation or evaluation scores objective 0, the zero vector."""
     if result is None:
         return {"status": "mutation_failed", "objective": 0.0, "headline": None,
-                "vector": [0.0] * len(components), "beats_parent": False}
+                "vector": [0.0] * len(components), "beats_parent": False, "same": False}
     ok = result.status == "ok"
     vector = [max(float(result.components.get(c, 0.0)), 0.0) if ok else 0.0 for c in components]
     objective = float(result.objective) if ok else 0.0
+    same = ok and result.components == (parent.get("fitness") or {})
     return {"status": result.status, "objective": objective, "headline": result.headline if ok else None,
-            "vector": vector, "beats_parent": ok and objective > parent_objective}
+            "vector": vector, "beats_parent": ok and objective > parent["objective"], "same": same}
 
 
 # ---- one arm -----------------------------------------------------------------------------------------

@@ -668,6 +668,22 @@ def test_quality_per_version_against_the_baseline_with_the_same_m_and_seed(tmp_p
         {"base": "frozen-s0", "evals_per_min": 2.0, "base_evals_per_min": 10.0, "slowdown": 5.0})}
 
 
+def test_a_held_out_answer_with_its_parents_outputs_is_not_counted_valid():
+    """Valid means new and valid: an answer that ran with the parent's very components changed
+    nothing the judge can see (GRPO's valid rate could rise on such answers alone)."""
+    from types import SimpleNamespace as Result
+
+    parent, names = {"objective": 0.5, "fitness": {"x": 0.5, "y": 0.5}}, ["x", "y"]
+    same = heldout._answer_record(Result(status="ok", components={"x": 0.5, "y": 0.5}, objective=0.5,
+                                         headline=0.5), parent, names)
+    new = heldout._answer_record(Result(status="ok", components={"x": 0.6, "y": 0.5}, objective=0.55,
+                                        headline=0.6), parent, names)
+    assert same["same"] and not heldout.new_valid(same)
+    assert heldout.new_valid(new) and new["beats_parent"] and not new["same"]
+    assert not heldout.new_valid(heldout._answer_record(None, parent, names))
+    assert heldout.new_valid({"status": "ok", "beats_parent": False})  # a pool of before the field: as it was
+
+
 def test_held_out_reward_per_answer_and_set_reward_are_apart(tmp_path):
     """m = 1 and m = 3 pools: every arm gets the reward per answer; only m > 1 a set reward over
     its whole completions (a set of 3 is worth more than one answer by construction)."""
