@@ -6,8 +6,12 @@ One training step measured on this CPU made the mutator worse (answers that appl
 anyway. So after each step, before the new adapter serves the search, both versions answer the
 same held-out parents (archive elites that no training call used as its parent, never the seed)
 with the same request seeds, every answer is applied and scored in the sandbox, and the new
-version is refused when its valid-answer rate or its improving rate (children that beat their
-parent) falls below its predecessor's by more than `train.guard.margin`. A predecessor is
+version is refused when its valid-answer rate, its improving rate (children that beat their
+parent) or the reward its algorithm optimises falls below its predecessor's by more than
+`train.guard.margin`: GRPO's mean scalar reward per answer, VPO's mean set reward over whole
+completions (the max over a completion's m answers, under fixed Dirichlet weightings). A VPO
+step that trades a few valid answers for better sets is VPO doing its job; a drop of the set
+reward is not. A predecessor is
 measured once, before the step, while the server still serves it; its rates are kept for the
 next check, and in the step's record with the parents' ids, so a resumed run measures only its
 next version too (a measure is 32 answers: 4-10 min on this CPU). Each version is measured as
@@ -15,7 +19,9 @@ the run serves it (merged into the weights on a CPU, where a LoRA halves generat
 guard costs half what LoRAs on the base weights did and needs no restart of its own.
 
 The answers the guard asks for are not part of the run: they are not stored, trained on or
-counted in the budget. Their cost (answers, seconds) is recorded with the training step.
+counted in the budget, so they give a training arm no candidate a frozen arm lacks; they cost it
+time (answers and seconds, recorded with the training step) and, by refusing a version, decide
+which policy writes its next answers.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from evolve.config import Guard as GuardSettings
 from evolve.config import Policy, Problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.prompt import answer_format
+from evolve.rl import advantages
 from evolve.rl.heldout import new_valid, sample_answers, score_answers
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
@@ -42,6 +49,7 @@ class Rates:
     valid: float  # share of answers whose child scored with outputs of its own (heldout.new_valid)
     improving: float  # share of answers whose child beat its parent
     seconds: float
+    reward: float | None = None  # the algorithm's own: GRPO's per answer, VPO's set reward per completion
 
 
 @dataclass
@@ -63,6 +71,10 @@ class Guard:
         self.settings, self.problem, self.policy, self.db = settings, problem, policy, db
         self.parents: list[dict] | None = None  # chosen at the first check, then fixed
         self.measured: dict[int, Rates] = {}  # version -> its rates on those parents
+        weights = problem.weight_vector()
+        self.weights = np.array([weights[c.name] for c in problem.components])
+        # VPO's set reward under weightings fixed for the run: every version is measured alike
+        self.set_weights = np.random.default_rng(SALT).dirichlet(np.ones(len(problem.components)), size=1000)
 
     def choose_parents(self) -> list[dict]:
         """Elites of the archive that no training call had as its parent; never the seed."""
@@ -95,7 +107,21 @@ class Guard:
                                            answer_format(self.policy, SALT + i), self.policy.literal_digits)
         n = max(len(records), 1)
         return Rates(version, len(records), sum(new_valid(r) for r in records) / n,
-                     sum(r["beats_parent"] for r in records) / n, time.time() - started)
+                     sum(r["beats_parent"] for r in records) / n, time.time() - started, self.reward(records))
+
+    def reward(self, records: list) -> float:
+        """The mean of what the policy's algorithm rewards, over its answers in parent order: GRPO
+        (m = 1) an answer's weighted components, VPO a whole completion's set reward. An answer
+        that failed or changed nothing (its parent's outputs) is the zero vector, as in training."""
+        vectors = np.array([r["vector"] if new_valid(r) else [0.0] * len(r["vector"]) for r in records])
+        if not len(vectors):
+            return 0.0
+        train = self.policy.train
+        if train is None or train.algorithm == "grpo":
+            return float(np.mean(vectors @ self.weights))
+        m = self.policy.answers  # sample_answers gives whole completions: the sets are every m in a row
+        return float(np.mean([advantages.set_reward(vectors[i:i + m], self.set_weights)
+                              for i in range(0, len(vectors), m)]))
 
     async def prepare(self, client: Sampler, old: tuple[int, str], evaluator: Evaluator) -> bool:
         """Before a step: choose the held-out parents (again while the archive is young) and
@@ -117,8 +143,11 @@ class Guard:
         before = self.measured[old]
         after = await self.measure(client, new[1], new[0], evaluator)
         margin = self.settings.margin
-        worse = [f"{name} {getattr(before, name):.1%} -> {getattr(after, name):.1%}"
-                 for name in ("valid", "improving") if getattr(after, name) < getattr(before, name) - margin]
+        fmt = lambda name, x: f"{x:.3f}" if name == "reward" else f"{x:.1%}"  # noqa: E731
+        worse = [f"{name} {fmt(name, getattr(before, name))} -> {fmt(name, getattr(after, name))}"
+                 for name in ("valid", "improving", "reward")  # (a record of before the reward: none)
+                 if None not in (getattr(after, name), getattr(before, name))
+                 and getattr(after, name) < getattr(before, name) - margin]
         if not worse:
             self.measured[new[0]] = after
         why = (f"worse than v{old} by more than {margin:.2f}: {'; '.join(worse)}" if worse

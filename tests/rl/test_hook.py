@@ -431,6 +431,35 @@ def test_the_trainer_gives_freed_memory_back_before_a_server_starts():
     assert before >= after and after < start + 200
 
 
+async def test_the_guard_judges_each_algorithm_by_what_it_optimises(tmp_path, monkeypatch):
+    """VPO by its set reward: a completion of two specialists is worth E max(w1, w2) = 3/4, three
+    copies of one 1/2, at the same valid and improving rates; GRPO by its reward per answer."""
+    from evolve.rl.guard import Rates
+
+    db = open_db(tmp_path)
+    vpo = _hook(tmp_path, db, "vpo").guard
+
+    def records(*vectors):
+        return [{"status": "ok", "vector": list(v), "beats_parent": False, "same": False} for v in vectors]
+
+    spread, copies = records((1, 0), (0, 1), (0, 0)), records((1, 0), (1, 0), (1, 0))
+    assert vpo.reward(spread) == pytest.approx(0.75, abs=0.02) and vpo.reward(copies) == pytest.approx(0.5, abs=0.02)
+    assert vpo.reward(records((1, 0), (0, 1), (0, 0))[:2] + [{**spread[0], "same": True}]) == \
+        pytest.approx(0.75, abs=0.02)  # an answer with its parent's outputs counts as nothing
+    vpo.parents, vpo.measured = [{"id": 1}], {0: Rates(0, 3, 1.0, 0.0, 1.0, vpo.reward(spread))}
+
+    async def measure(client, model, version, evaluator):
+        return Rates(version, 3, 1.0, 0.0, 1.0, vpo.reward(copies))
+
+    monkeypatch.setattr(vpo, "measure", measure)
+    verdict = await vpo.check(None, 0, (1, "vpo-v1"), evaluator=None)
+    assert not verdict.ok and verdict.why.startswith("worse than v0") and "reward 0.742 -> 0.509" in verdict.why
+    grpo = _hook(tmp_path, db, "grpo").guard
+    assert grpo.reward(spread) == pytest.approx(1 / 3) and grpo.reward(copies) == pytest.approx(0.5)
+    old = Rates(**{k: v for k, v in vars(Rates(0, 3, 1.0, 0.0, 1.0)).items() if k != "reward"})
+    assert old.reward is None  # a record of before the reward: judged on the two rates only
+
+
 async def test_the_guard_measures_each_version_as_the_run_serves_it(tmp_path, monkeypatch):
     """Merged serving: the predecessor is measured before the step, on the weights it serves
     (the server then stops for the trainer); the new version on its merged restart. No restart
