@@ -43,6 +43,13 @@ class HookError(RuntimeError):
 # trained one (or not loaded at all) moves them by far more (tests/rl/test_rl_run.py).
 SERVED_TOLERANCE = {"mean": 0.1, "max": 1.0}
 CHECK_TOKENS = 32  # the served-equals-trained probe's answer length: seconds, not minutes
+# But a step can move log-probs by far less than that tolerance (one step's KL to the base was
+# 8e-5), and a bf16 merge rounds a small change of a weight back to the weight itself. So the
+# check also measures the update: the share of (trained - base) that the server reproduces,
+# (served - base) projected on it. Where the update is larger than the kernels' own noise
+# (UPDATE_FLOOR nats per token on average) and the server shows less than MIN_SHARE of it, the
+# server is not serving the trained version. Below the floor 32 tokens cannot tell: recorded only.
+UPDATE_FLOOR, MIN_SHARE = 0.1, 0.5
 
 
 @dataclass
@@ -54,8 +61,14 @@ class ServedCheck:
     mean: float = 0.0  # |served - trained| in nats
     max: float = 0.0
     tolerance: dict[str, float] = field(default_factory=dict)
+    update: float = 0.0  # |trained - base| in nats, per token on average: the step's size here
+    update_share: float | None = None  # of (trained - base), the share the server reproduces
 
     def mismatch(self) -> str:
+        if self.update_share is not None and self.update >= UPDATE_FLOOR and self.update_share < MIN_SHARE:
+            return (f"the server reproduces {self.update_share:.0%} of the trained update (|trained - base| "
+                    f"{self.update:.3f} nats per token over {self.tokens} tokens): its weights lost the step "
+                    "(a bf16 merge rounds small changes away); serve it hot-loaded or from float32 weights")
         return (f"the server does not reproduce the trained adapter: its log-probs of {self.tokens} "
                 f"sampled tokens differ by {self.mean:.3f} nats on average and {self.max:.3f} at most "
                 f"(tolerance {self.tolerance['mean']:.3f} / {self.tolerance['max']:.3f}); a remote "
@@ -230,15 +243,20 @@ class RLHook:
         prompt = sample.prompt_token_ids or group.prompt_token_ids
         if not ids or served is None or prompt is None or len(served) != len(ids):
             return ServedCheck(True, 0, time.time() - started)  # nothing to compare
-        trained = await asyncio.to_thread(self._trainer().logprobs, prompt, ids)
-        gaps = np.abs(np.array(served) - np.array(trained))
+        trained = np.array(await asyncio.to_thread(self._trainer().logprobs, prompt, ids))
+        base = np.array(await asyncio.to_thread(self._trainer().logprobs, prompt, ids, False))
+        gaps = np.abs(np.array(served) - trained)
         # top_p renormalises the nucleus: a sampled token's served log-prob may exceed the
         # trainer's (which has no top_p) by up to -log(top_p).
         slack = -math.log(self.policy.sampling.top_p)
         tolerance = {k: v + slack for k, v in SERVED_TOLERANCE.items()}
         mean, most = float(gaps.mean()), float(gaps.max())
-        return ServedCheck(mean <= tolerance["mean"] and most <= tolerance["max"], len(gaps), time.time() - started,
-                           mean, most, tolerance)
+        update = trained - base
+        size = float(np.dot(update, update))
+        share = float(np.dot(np.array(served) - base, update) / size) if size > 0 else None
+        shown = share is None or float(np.abs(update).mean()) < UPDATE_FLOOR or share >= MIN_SHARE
+        return ServedCheck(mean <= tolerance["mean"] and most <= tolerance["max"] and shown, len(gaps),
+                           time.time() - started, mean, most, tolerance, float(np.abs(update).mean()), share)
 
     def _trainer(self) -> Trainer:
         assert self.trainer is not None, "a step is refused or checked only after it trained"
@@ -287,7 +305,12 @@ def _sampler_kl(step: TrainingStep) -> str:
 
 
 def _served_line(check: ServedCheck) -> str:
-    return f", serves as trained (Δ log p {check.mean:.3f} mean, {check.max:.3f} max)" if check.tokens else ""
+    if not check.tokens:
+        return ""
+    share = "" if check.update_share is None else \
+        f"; {check.update_share:.0%} of the update |Δ| {check.update:.3f}" + (" (too small to verify)"
+                                                                          if check.update < UPDATE_FLOOR else "")
+    return f", serves as trained (Δ log p {check.mean:.3f} mean, {check.max:.3f} max{share})"
 
 
 def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir: Path,

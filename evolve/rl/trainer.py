@@ -187,11 +187,12 @@ class Trainer:
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
         torch.autograd.backward(outputs, grads)
 
-    def logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
+    def logprobs(self, prompt: list[int], completion: list[int], adapter: bool = True) -> list[float]:
         """The trained policy's log-probs of one completion's tokens, at the sampling
-        temperature: what a server serving this adapter must report for them."""
+        temperature: what a server serving this adapter must report for them (adapter=False:
+        the base model's, against which the update is measured)."""
         seq = Sequence(torch.tensor(list(prompt)), [torch.tensor(list(completion))], torch.zeros(1))
-        return self._logprobs(seq, adapter=True, stop=None)[0, :len(completion)].tolist()
+        return self._logprobs(seq, adapter=adapter, stop=None)[0, :len(completion)].tolist()
 
     @torch.no_grad()
     def _logprobs(self, seq: Sequence, adapter: bool, stop) -> torch.Tensor:

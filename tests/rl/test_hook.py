@@ -213,8 +213,9 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     hook = _hook(tmp_path, db, "grpo")
     add_group(db, [[("ok", {"x": 1, "y": 0})]])
     (group,) = complete_groups(db.rollout_rows(), COMPONENTS)
-    trained = [-0.5, -1.0, -2.0]
-    hook.trainer = SimpleNamespace(logprobs=lambda prompt, ids: trained if prompt == [1, 2] else None)
+    trained, base = [-0.5, -1.0, -2.0], [-0.5, -1.0, -2.0]
+    hook.trainer = SimpleNamespace(logprobs=lambda prompt, ids, adapter=True:
+                                   (trained if adapter else base) if prompt == [1, 2] else None)
 
     class Server:
         def __init__(self, served):
@@ -238,6 +239,20 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
     assert "does not reproduce the trained adapter" in far.mismatch()
     unknown = await hook._served_check(Server(None), "grpo-v1", group)  # no log-probs served: no verdict
     assert unknown.ok and unknown.tokens == 0
+    # Measured against the update's own size: training moved these tokens by 0.12 nats each; a
+    # server that kept a fifth of it (a bf16 merge's rounding) is within the fixed tolerance of the
+    # trained log-probs, yet not serving the trained version; one that kept it all is.
+    base[:] = [t - 0.12 for t in trained]
+    lost = await hook._served_check(Server([b + 0.024 for b in base]), "grpo-v1", group)
+    assert lost.mean == pytest.approx(0.096) and lost.max < lost.tolerance["max"]  # the fixed bounds pass it
+    assert lost.mean < lost.tolerance["mean"]
+    assert not lost.ok and lost.update == pytest.approx(0.12) and lost.update_share == pytest.approx(0.2)
+    assert "reproduces 20% of the trained update" in lost.mismatch()
+    kept = await hook._served_check(Server(trained), "grpo-v1", group)
+    assert kept.ok and kept.update_share == pytest.approx(1.0)
+    base[:] = [t - 0.01 for t in trained]  # an update below the kernels' noise: recorded, not judged
+    small = await hook._served_check(Server([b + 0.002 for b in base]), "grpo-v1", group)
+    assert small.ok and small.update_share == pytest.approx(0.2)
 
 
 def _graded(tmp_path, db, algorithm: str, **penalties) -> RLHook:
