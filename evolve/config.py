@@ -368,6 +368,10 @@ class Train(Strict):
     seed: int | None = None
     guard: Guard | None = Field(default_factory=Guard)  # null: every step serves at once
     penalties: Penalties = Field(default_factory=Penalties)
+    # An answer's reward vector. absolute: its normalised fitness, so a valid child worse than its
+    # parent earns most of what a better one does, and more than a copy (0). improvement: what it
+    # gained over its parent per component, clipped at 0, so only progress pays.
+    reward: Literal["absolute", "improvement"] = "absolute"
 
     @model_validator(mode="before")
     @classmethod

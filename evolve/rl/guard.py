@@ -98,24 +98,32 @@ class Guard:
 
     async def measure(self, client: Sampler, model: str, version: int, evaluator: Evaluator) -> Rates:
         """The version's answers for every guard parent, applied and scored (same seeds for all)."""
-        started, records = time.time(), []
+        started, records, rewards = time.time(), [], []
         for i, parent in enumerate(self.parents or []):
             answers, _ = await sample_answers(client, self.problem, self.policy, parent, SALT + i,
                                               self.settings.answers, model=model)
-            records += await score_answers(evaluator, self.problem, parent, answers,
-                                           self.problem.budget.eval_concurrency,
-                                           answer_format(self.policy, SALT + i), self.policy.literal_digits)
+            scored = await score_answers(evaluator, self.problem, parent, answers,
+                                         self.problem.budget.eval_concurrency,
+                                         answer_format(self.policy, SALT + i), self.policy.literal_digits)
+            records += scored
+            rewards += [self.reward(scored, parent)] * len(scored)
         n = max(len(records), 1)
         return Rates(version, len(records), sum(new_valid(r) for r in records) / n,
-                     sum(r["beats_parent"] for r in records) / n, time.time() - started, self.reward(records))
+                     sum(r["beats_parent"] for r in records) / n, time.time() - started,
+                     float(np.mean(rewards)) if rewards else 0.0)
 
-    def reward(self, records: list) -> float:
-        """The mean of what the policy's algorithm rewards, over its answers in parent order: GRPO
-        (m = 1) an answer's weighted components, VPO a whole completion's set reward. An answer
-        that failed or changed nothing (its parent's outputs) is the zero vector, as in training."""
+    def reward(self, records: list, parent: dict | None = None) -> float:
+        """The mean of what the policy's algorithm rewards over one parent's answers: GRPO (m = 1)
+        an answer's weighted components, VPO a whole completion's set reward. An answer that
+        failed or changed nothing (its parent's outputs) is the zero vector, as in training; with
+        `train.reward: improvement`, an answer's vector is its gain over the parent, clipped at 0."""
         vectors = np.array([r["vector"] if new_valid(r) else [0.0] * len(r["vector"]) for r in records])
         if not len(vectors):
             return 0.0
+        if parent is not None and self.policy.train is not None and self.policy.train.reward == "improvement":
+            before = np.array([max(float((parent.get("fitness") or {}).get(c.name, 0.0)), 0.0)
+                               for c in self.problem.components])
+            vectors = np.where(vectors.any(axis=1, keepdims=True), np.clip(vectors - before, 0.0, None), 0.0)
         train = self.policy.train
         if train is None or train.algorithm == "grpo":
             return float(np.mean(vectors @ self.weights))

@@ -134,7 +134,7 @@ class RLHook:
         """A step's groups: exactly `groups_per_step`, the newest of the version, so that every
         step is the same size (a step that found no signal leaves its groups behind)."""
         groups = complete_groups(self.db.rollout_rows(version, logprobs=True), self.components,
-                                 penalties=self.train.penalties)
+                                 penalties=self.train.penalties, reward=self.train.reward)
         return groups[-self.groups_per_step():]
 
     # ---- resume -----------------------------------------------------------------------------
@@ -325,7 +325,8 @@ def train_offline(db: ProgramDatabase, problem: Problem, policy: Policy, out_dir
     hook = RLHook(policy, problem, db, out_dir, model_path(policy.model), "", emit, db.run_seed())
     hook.adapters = Path(out_dir)
     hook.guard = None  # offline: no server to measure on, every adapter is written
-    groups = complete_groups(db.rollout_rows(logprobs=True), hook.components, penalties=hook.train.penalties)
+    groups = complete_groups(db.rollout_rows(logprobs=True), hook.components, penalties=hook.train.penalties,
+                             reward=hook.train.reward)
     size = hook.groups_per_step()
     batches = [groups[i:i + size] for i in range(0, len(groups) - size + 1, size)]
     steps = []

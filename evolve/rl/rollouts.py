@@ -38,14 +38,20 @@ class Group:
     rollouts: list[Rollout]
 
 
-def reward_vector(program: Program, components: list[str]) -> np.ndarray:
-    """An answer's reward: its normalised fitness if it ran and scored, else the zero vector.
+def reward_vector(program: Program, components: list[str], parent: Program | None = None) -> np.ndarray:
+    """An answer's reward: its normalised fitness if it ran and scored, else the zero vector;
+    with `parent` (train.reward: improvement), what it gained over the parent per component,
+    clipped at 0, so that a valid answer worse than its parent earns what a failed one does.
 
     An answer that found nothing new (outcome `same`: its parent's outputs, or a copy of a
     stored program such as an inspiration) earns nothing: copying is not progress."""
     if program.status != "ok" or not program.fitness or program.outcome == "same":
         return np.zeros(len(components))
-    return np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
+    own = np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
+    if parent is None:
+        return own
+    before = np.array([max(float((parent.fitness or {}).get(c, 0.0)), 0.0) for c in components])
+    return np.clip(own - before, 0.0, None)
 
 
 def failure_kind(program: Program) -> str | None:
@@ -68,16 +74,18 @@ def penalty(answers: list[Program], penalties: Penalties | None) -> float:
 
 
 def complete_groups(rows: RolloutRows, components: list[str], limit: int | None = None,
-                    penalties: Penalties | None = None) -> list[Group]:
+                    penalties: Penalties | None = None, reward: str = "absolute") -> list[Group]:
     """Groups (oldest first) whose every answer has been evaluated, from a run's rollout rows
-    (`ProgramDatabase.rollout_rows`, or `rollout_rows` on a read-only session).
+    (`ProgramDatabase.rollout_rows`, or `rollout_rows` on a read-only session); `reward`: the
+    answers' reward vectors, absolute or their improvement over the call's parent (train.reward).
 
     A group with a child still pending is not complete: its rewards are not known yet.
     """
     groups = []
     for call in rows.calls:
+        parent = rows.parents.get(call.id) if reward == "improvement" else None
         group = _group(call, rows.completions.get(call.id, []), rows.children, components, rows.logprobs,
-                       penalties)
+                       penalties, parent)
         if group is not None:
             groups.append(group)
             if limit is not None and len(groups) >= limit:
@@ -86,7 +94,8 @@ def complete_groups(rows: RolloutRows, components: list[str], limit: int | None 
 
 
 def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int, list[Program]],
-           components: list[str], logprobs: bool, penalties: Penalties | None) -> Group | None:
+           components: list[str], logprobs: bool, penalties: Penalties | None,
+           parent: Program | None = None) -> Group | None:
     if not completions:
         return None
     rollouts = []
@@ -94,7 +103,8 @@ def _group(call: LLMCall, completions: list[Completion], by_completion: dict[int
         answers = by_completion.get(completion.id, [])
         if any(a.status == "pending" for a in answers):
             return None
-        matrix = np.array([reward_vector(a, components) for a in answers]).reshape(len(answers), len(components))
+        matrix = np.array([reward_vector(a, components, parent)
+                           for a in answers]).reshape(len(answers), len(components))
         rollouts.append(Rollout(completion.id, completion.text, completion.token_ids,
                                 completion.finish_reason, matrix,
                                 np.array([a.status == "ok" for a in answers], dtype=bool),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -483,6 +483,7 @@ class RolloutRows:
     completions: dict[int, list[Completion]]  # call id -> its completions, by index
     children: dict[int, list[Program]]  # completion id -> its children, by answer index
     logprobs: bool = False  # the completions' sampler log-probs were read
+    parents: dict[int, Program] = field(default_factory=dict)  # call id -> the parent it showed
 
 
 def rollout_rows(session: Session, run_id: int, version: int | None = None, logprobs: bool = False) -> RolloutRows:
@@ -505,4 +506,6 @@ def rollout_rows(session: Session, run_id: int, version: int | None = None, logp
                                  .order_by(Program.answer_index)):
         if child.completion_id is not None:
             rows.children.setdefault(child.completion_id, []).append(child)
+    parents = {p.id: p for p in session.scalars(select(Program).where(Program.id.in_({c.parent_id for c in calls})))}
+    rows.parents = {c.id: parents[c.parent_id] for c in calls if c.parent_id in parents}
     return rows

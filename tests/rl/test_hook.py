@@ -100,6 +100,25 @@ def test_new_valid_answers_leave_out_the_parents_outputs_and_copies(tmp_path):
     assert row["valid_rate"] == 0.5 and row["diversity"] == 0.0  # two new answers, alike
 
 
+def test_an_improvement_reward_pays_only_what_an_answer_gained_over_its_parent(tmp_path):
+    """train.reward: improvement (issue 59, defect 4): a valid answer worse than its parent earns
+    what a failed one does, where the absolute reward paid it most of a better one's."""
+    db = open_db(tmp_path)
+    db.add_seed(Program(island=0, origin="seed", status="ok", objective=0.5, headline=0.5, code="x = 0\n",
+                        fitness={"x": 0.5, "y": 0.5}, descriptors={"a": 0.1}))
+    add_group(db, [[("ok", {"x": 0.8, "y": 0.5})], [("ok", {"x": 0.4, "y": 0.4})], [("ok", {"x": 0.9, "y": 0.1})],
+                   [("invalid", None)]])
+    rows = db.rollout_rows(0)
+    absolute = [r.answers[0].tolist() for r in complete_groups(rows, COMPONENTS)[0].rollouts]
+    gained = [r.answers[0].tolist() for r in complete_groups(rows, COMPONENTS, reward="improvement")[0].rollouts]
+    assert absolute == [[0.8, 0.5], [0.4, 0.4], [0.9, 0.1], [0.0, 0.0]]
+    assert np.allclose(gained, [[0.3, 0.0], [0.0, 0.0], [0.4, 0.0], [0.0, 0.0]])
+    hook = _hook(tmp_path, db, "grpo")
+    hook.train = hook.train.model_copy(update={"reward": "improvement"})
+    [adv], _ = hook.advantages(hook._groups(0), 1)
+    assert adv[1] == adv[3] < 0 < adv[0]  # worse = failed, below the group's mean; better above
+
+
 def test_the_hook_is_due_after_train_every_groups_of_the_current_version(tmp_path):
     db = open_db(tmp_path)
     hook = _hook(tmp_path, db, "grpo")
