@@ -218,14 +218,19 @@ def processes_of(uid: int) -> list[int]:
     thread: a leader that exited with the raw exit syscall shows as a zombie while its other
     threads run on."""
     found = set()
-    for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
-        try:
-            status = (task / "status").read_text()
+    for pid in (d.name for d in os.scandir("/proc") if d.name.isdigit()):
+        try:  # any process may exit while we look: its folder goes (a glob over /proc raised then)
+            tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            continue  # gone while we looked
-        uids = next((line.split()[1:4] for line in status.splitlines() if line.startswith("Uid:")), [])
-        if str(uid) in uids and "\nState:\tZ" not in status:
-            found.add(int(task.parent.parent.name))
+            continue
+        for tid in tasks:
+            try:
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            except OSError:
+                continue
+            uids = next((line.split()[1:4] for line in status.splitlines() if line.startswith("Uid:")), [])
+            if str(uid) in uids and "\nState:\tZ" not in status:
+                found.add(int(pid))
     return sorted(found)
 
 

@@ -368,3 +368,19 @@ def test_as_root_an_interpreter_the_candidate_cannot_run_is_refused_in_one_line(
     python.symlink_to(sys.executable)
     with pytest.raises(SandboxUnavailable, match=r"does not run candidates as root.*sandbox.backend: docker"):
         ProcessSandbox(SandboxLimits(), python=str(python))
+
+
+def test_a_process_that_exits_while_its_uid_is_searched_is_skipped(monkeypatch):
+    """/proc changes under the search: a process whose folder is gone by the time its threads are
+    listed is skipped (a glob over /proc raised FileNotFoundError in CI, on a busy machine)."""
+    import evolve.sandbox.process as process
+
+    listdir, me = os.listdir, f"/proc/{os.getpid()}/task"
+
+    def gone_but_me(path):
+        if str(path).endswith("/task") and str(path) != me:
+            raise FileNotFoundError(path)
+        return listdir(path)
+
+    monkeypatch.setattr(process.os, "listdir", gone_but_me)
+    assert processes_of(os.getuid()) == [os.getpid()]
