@@ -36,6 +36,7 @@ from evolve.judge.evaluator import Evaluator
 from evolve.mutation.prompt import answer_format
 from evolve.rl import advantages
 from evolve.rl.heldout import new_valid, sample_answers, score_answers
+from evolve.rl.rollouts import fitness_vector, gain
 from evolve.serving.client import Sampler
 from evolve.store.database import ProgramDatabase
 
@@ -121,9 +122,7 @@ class Guard:
         if not len(vectors):
             return 0.0
         if parent is not None and self.policy.train is not None and self.policy.train.reward == "improvement":
-            before = np.array([max(float((parent.get("fitness") or {}).get(c.name, 0.0)), 0.0)
-                               for c in self.problem.components])
-            vectors = np.where(vectors.any(axis=1, keepdims=True), np.clip(vectors - before, 0.0, None), 0.0)
+            vectors = gain(vectors, fitness_vector(parent.get("fitness"), [c.name for c in self.problem.components]))
         train = self.policy.train
         if train is None or train.algorithm == "grpo":
             return float(np.mean(vectors @ self.weights))

@@ -252,11 +252,11 @@ class RLHook:
         tolerance = {k: v + slack for k, v in SERVED_TOLERANCE.items()}
         mean, most = float(gaps.mean()), float(gaps.max())
         update = trained - base
-        size = float(np.dot(update, update))
+        size, moved = float(np.dot(update, update)), float(np.abs(update).mean())
         share = float(np.dot(np.array(served) - base, update) / size) if size > 0 else None
-        shown = share is None or float(np.abs(update).mean()) < UPDATE_FLOOR or share >= MIN_SHARE
+        shown = share is None or moved < UPDATE_FLOOR or share >= MIN_SHARE
         return ServedCheck(mean <= tolerance["mean"] and most <= tolerance["max"] and shown, len(gaps),
-                           time.time() - started, mean, most, tolerance, float(np.abs(update).mean()), share)
+                           time.time() - started, mean, most, tolerance, moved, share)
 
     def _trainer(self) -> Trainer:
         assert self.trainer is not None, "a step is refused or checked only after it trained"

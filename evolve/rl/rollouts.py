@@ -47,11 +47,19 @@ def reward_vector(program: Program, components: list[str], parent: Program | Non
     stored program such as an inspiration) earns nothing: copying is not progress."""
     if program.status != "ok" or not program.fitness or program.outcome == "same":
         return np.zeros(len(components))
-    own = np.array([max(float(program.fitness.get(c, 0.0)), 0.0) for c in components])
-    if parent is None:
-        return own
-    before = np.array([max(float((parent.fitness or {}).get(c, 0.0)), 0.0) for c in components])
-    return np.clip(own - before, 0.0, None)
+    own = fitness_vector(program.fitness, components)
+    return own if parent is None else gain(own, fitness_vector(parent.fitness, components))
+
+
+def fitness_vector(fitness: dict | None, components: list[str]) -> np.ndarray:
+    """Normalised components in the given order, each >= 0 (a missing one is 0)."""
+    return np.array([max(float((fitness or {}).get(c, 0.0)), 0.0) for c in components])
+
+
+def gain(own: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """train.reward: improvement: what an answer gained over its parent per component, clipped at
+    0, so that a valid answer worse than its parent earns what a failed one does."""
+    return np.clip(own - parent, 0.0, None)
 
 
 def failure_kind(program: Program) -> str | None:
