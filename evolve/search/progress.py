@@ -20,10 +20,11 @@ def scores(problem: Problem, result: Judgement) -> str:
 
 
 def progress_line(problem: Problem, stats: Stats, done: int, budget: int, best: Program, seconds: float) -> str:
-    """'[120/400 evals] best n26=2.54 (#77) | applied 30/64 | ok=90 ... | 6.1 evals/min | 40 tok/s'."""
+    """'[120/400 evals] best n26=2.54 (#77) | applied 30/64 | ok=90 ... | 6.1 evals/min | 40 tok/s,
+    2.1 answers/min' (the LLM's figures over the whole session: what issue 60's bar counts)."""
     minutes = max(seconds, 1e-9) / 60
     valid = f"{stats.applied}/{stats.answers}" if stats.answers else "-"
     statuses = " ".join(f"{k}={v}" for k, v in sorted(stats.statuses.items()))
     return (f"[{done}/{budget} evals] best {problem.headline}={six(best.headline)} (#{best.id}) | "
             f"applied {valid} | {statuses} | {stats.evaluated / minutes:.1f} evals/min | "
-            f"{stats.tokens / (minutes * 60):.0f} tok/s")
+            f"{stats.tokens / (minutes * 60):.0f} tok/s, {stats.answers / minutes:.1f} answers/min")

@@ -276,6 +276,7 @@ def throughput_panel(s: Snapshot) -> Panel:
     t.add_column(style="dim")
     t.add_row("LLM calls/s", f"{th.llm_calls_per_s:.3f}", f"{s.llm_calls} calls")
     t.add_row("tokens/s", f"{th.tokens_per_s:.1f}", f"{s.tokens:,} tokens")
+    t.add_row("answers/min", f"{th.answers_per_s * 60:.1f}", "")
     t.add_row("evaluations/s", f"{th.evals_per_s:.3f}", f"{s.evaluations} evaluated")
     t.add_row("valid diffs", pct(th.valid_diff_rate), f"{pct(s.valid_diff_rate)} of all answers")
     for origin, r in s.operators.items():

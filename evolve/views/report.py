@@ -112,8 +112,8 @@ def status_rows(s: Snapshot) -> list[tuple[str, str]]:
         ("seed program", f"{s.headline} {num(s.seed_headline)}"),
         ("llm calls", f"{s.llm_calls} ({s.tokens:,} tokens"
                       + (f", {s.tokens / s.llm_s:.0f} tok/s in flight)" if s.llm_s else ")")),
-        ("throughput", f"{th.evals_per_s * 60:.1f} evaluations/min, {th.tokens_per_s:.0f} tok/s "
-                       f"(last {duration(th.window_s)} of activity)"),
+        ("throughput", f"{th.evals_per_s * 60:.1f} evaluations/min, {th.tokens_per_s:.0f} tok/s, "
+                       f"{th.answers_per_s * 60:.1f} answers/min (last {duration(th.window_s)} of activity)"),
         ("MAP-Elites", f"{filled} elites over {len(s.islands)} islands x {size} cells"),
     ]
 

@@ -80,6 +80,7 @@ class Throughput:
     window_s: float  # the span the rates are measured over
     llm_calls_per_s: float
     tokens_per_s: float
+    answers_per_s: float  # the LLM's answers (issue 60 counts them per minute)
     evals_per_s: float
     valid_diff_rate: float | None  # answers that applied as a diff, of all answers
     failure_rates: dict  # invalid/error/timeout -> share of the window's evaluations
@@ -623,7 +624,8 @@ class RunReader:
         answers = [a[1] for a in acc.recent_answers if a[0] >= start]
         return Throughput(
             window_s=span, llm_calls_per_s=len(calls) / span,
-            tokens_per_s=sum(t for _, t in calls) / span, evals_per_s=(len(evals) + trials) / span,
+            tokens_per_s=sum(t for _, t in calls) / span, answers_per_s=len(answers) / span,
+            evals_per_s=(len(evals) + trials) / span,
             valid_diff_rate=sum(answers) / len(answers) if answers else None,
             failure_rates={s: evals.count(s) / len(evals) for s in FAILED} if evals else {})
 

@@ -92,6 +92,9 @@ def test_snapshot_numbers_are_the_databases(run):
     assert s.series[-1][3] == best_id and s.series[0][0] == 0
     [(calls, tokens)] = sql(run, "SELECT count(*), sum(completion_tokens) FROM llm_calls")
     assert (s.llm_calls, s.tokens) == (calls, tokens)
+    # the short run lies inside the throughput window: every answer counts in answers/min
+    [(answers,)] = sql(run, "SELECT count(*) FROM programs WHERE origin='mutation'")
+    assert s.throughput.answers_per_s * s.throughput.window_s == pytest.approx(answers)
     for row in s.islands:
         [(size, ok, mean)] = sql(run, "SELECT count(*), sum(status='ok'), avg(CASE WHEN status='ok' "
                                       "THEN objective END) FROM programs WHERE island=?", row.island)
