@@ -164,7 +164,8 @@ def measure(run_dir: Path, minutes: float) -> dict:
         "answers": answers, "valid_answer_rate": applied / answers if answers else None,
         "operators": per_op, "improvements_by": found_by,
         "tokens": tokens, "tokens_per_s_generating": tokens / generating if generating else None,
-        "llm_busy_share": generating / (minutes * 60),
+        "llm_busy_share": generating / (minutes * 60),  # a call in flight, of the wall time
+        "answers_per_min": sum(c.n for c in calls) / minutes,  # issue 60's bar: answered by the horizon
         "best_llm_ancestors": llm_ancestors(lineage, best[2]) if best else 0,
         # broken answers re-asked, and those with a working repair (search.repair)
         "reasked": len({parent for parent, _ in repairs}),
@@ -229,8 +230,8 @@ def table(results: dict, minutes: float, headline: str, held_out: set[int] | Non
     medians given apart from the others')."""
     lines = [f"| arm | seed | best {headline} at {minutes:g} min | found by | first improvement (min) | "
              "evals/min | valid answers | improving LLM | improving repairs | improving tuned | "
-             "same as parent (LLM) | tok/s generating | LLM shapes in the best's lineage | broken answers "
-             "mended |", "|" + "---|" * 14]
+             "same as parent (LLM) | tok/s generating | answers/min | LLM busy | LLM shapes in the best's lineage | "
+             "broken answers mended |", "|" + "---|" * 16]
     mark = (lambda seed: f"{seed} (held out)" if seed in held_out else str(seed)) if held_out else str
     for (arm, seed), r in sorted(results.items()):
         ops = r["operators"]
@@ -241,7 +242,8 @@ def table(results: dict, minutes: float, headline: str, held_out: set[int] | Non
             f"{fmt(r['first_improvement_min'], '.1f')} | {r['evals_per_min']:.1f} | "
             f"{fmt(r['valid_answer_rate'], '.1%')} | {rate(ops['mutation'], 'better')} | "
             f"{rate(ops['repair'], 'better')} | {rate(ops['tuned'], 'better')} | {rate(ops['mutation'], 'same')} | "
-            f"{fmt(r['tokens_per_s_generating'], '.0f')} | {r.get('best_llm_ancestors', '-')} | "
+            f"{fmt(r['tokens_per_s_generating'], '.0f')} | {fmt(r.get('answers_per_min'), '.1f')} | "
+            f"{fmt(r.get('llm_busy_share'), '.0%')} | {r.get('best_llm_ancestors', '-')} | "
             f"{r.get('mended', 0)}/{r.get('reasked', 0)} |")
     medians: dict[tuple[str, str], list[float]] = {}
     for (arm, seed), r in results.items():
