@@ -55,7 +55,7 @@ def _ngram(k: int, longest: int = 4) -> dict:
 
 VARIANTS: dict[str, Variant] = {
     "none": Variant(),
-    "calls1": Variant(calls=1), "calls3": Variant(calls=3), "calls4": Variant(calls=4),
+    "calls1": Variant(calls=1), "calls3": Variant(calls=3), "calls4": Variant(calls=4), "calls6": Variant(calls=6),
     "n16": Variant(n=16),
     "max384": Variant(max_tokens=384),
     "compiled": Variant(eager=False),
@@ -97,16 +97,17 @@ async def measure(client: PolicyClient, base_url: str, prompts: list[list[dict]]
 async def _measure(client: PolicyClient, base_url: str, prompts: list[list[dict]], n: int, calls: int,
                    seconds: float, max_tokens: int | None) -> dict:
     await client.sample(prompts[0], 1, seed=1, max_tokens=8)  # the prefix cache warm, as in a run
-    before, started, samples = counters(base_url), time.time(), []
+    before, started, by_index = counters(base_url), time.time(), {}
     next_call = iter(range(10**9))
 
     async def worker() -> None:
         while time.time() - started < seconds:
             i = next(next_call)
-            samples.append(await client.sample(prompts[i % len(prompts)], n, seed=request_seed(0, i),
-                                               max_tokens=max_tokens))
+            by_index[i] = await client.sample(prompts[i % len(prompts)], n, seed=request_seed(0, i),
+                                              max_tokens=max_tokens)
 
     await asyncio.gather(*(worker() for _ in range(calls)))
+    samples = [by_index[i] for i in sorted(by_index)]  # call order: call i compares across variants
     wall, after = time.time() - started, counters(base_url)
     tokens = sum(s.completion_tokens or 0 for s in samples)
     answers = sum(len(s.texts) for s in samples)
@@ -146,15 +147,26 @@ def run_variant(name: str, policy_path: str, prompts: list[list[dict]], calls: i
     return result
 
 
+def same_answers(r: dict, base: dict | None) -> str:
+    """Answers identical to the plain server's for the same call and choice (same prompt, same
+    request seed): a lever that leaves the sampler alone keeps most of them (the batch it shares
+    moves the floating-point sums a little), one that corrupts it keeps none."""
+    if base is None or r is base or r["n"] != base["n"]:
+        return "-"
+    pairs = list(zip(r["texts"], base["texts"]))
+    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+
+
 def table(results: list[dict]) -> str:
+    base = next((r for r in results if r["variant"] == "none"), None)
     rows = ["| variant | in flight x n | calls | tok/s | answers/min | mean answer (tokens) | ended by stop | "
-            "call latency (s) | acceptance | start-up (s) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "call latency (s) | acceptance | same answers as `none` | start-up (s) |",
+            "|" + "---|" * 11]
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%} ({r['accepted']:.0f}/{r['drafted']:.0f})"
         rows.append(f"| {r['variant']} | {r['in_flight']} x {r['n']} | {r['calls']} | {r['tok_s']:.1f} | "
                     f"{r['answers_per_min']:.1f} | {r['mean_tokens']:.0f} | {r['stopped']}/{r['answers']} | "
-                    f"{r['latency_s']:.0f} | {acc} | {r['startup_s']:.0f} |")
+                    f"{r['latency_s']:.0f} | {acc} | {same_answers(r, base)} | {r['startup_s']:.0f} |")
     return "\n".join(rows)
 
 
@@ -178,6 +190,7 @@ def main() -> None:
             results.append(json.loads(done.read_text()) if done.exists() else
                            run_variant(name, policy, prompts, args.calls, args.seconds, args.out))
             print(table(results[-1:]), flush=True)
+    results.sort(key=lambda r: r["variant"] != "none")  # the plain server first: the others compare with it
     print(table(results))
 
 
