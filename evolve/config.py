@@ -195,7 +195,11 @@ class Budget(Strict):
     wall_time_s: float | None = Field(default=None, gt=0)
     # Stop once the best objective reaches this, e.g. 1.0 for a code problem: every test passes.
     target_objective: float | None = None
-    llm_concurrency: int = Field(default=1, ge=1)
+    llm_concurrency: int = Field(default=1, ge=1)  # calls in flight at most
+    # Answers to keep running on the policy server: a new call starts as soon as fewer are
+    # running (within llm_concurrency), not when a call ends, so the batch stays full while a
+    # group waits for its longest answer. None: a loop starts its next call when its call ends.
+    llm_batch: int | None = Field(default=None, ge=1)
     eval_concurrency: int = Field(default=2, ge=1)
 
 

@@ -86,7 +86,7 @@ class ScriptedSampler:
         self.seeds: list[int | None] = []
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+                     max_tokens: int | None = None, model: str | None = None, on_answer=None) -> Sample:
         self.calls += 1
         self.seeds.append(seed)
         await asyncio.sleep(self.delay_s)

@@ -95,7 +95,7 @@ class ScriptedClient:
     def __init__(self):
         self.calls = 0
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None) -> Sample:
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None) -> Sample:
         group = GROUPS[self.calls % len(GROUPS)]
         self.calls += 1
         texts = [ANSWERS[group[i % len(group)]] for i in range(n)]

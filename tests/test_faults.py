@@ -41,7 +41,7 @@ class Flaky:
     def __init__(self, failures: int, error):
         self.failures, self.error, self.requests = failures, error, []
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         self.requests.append(seed)
         if len(self.requests) <= self.failures:
             raise self.error

@@ -353,7 +353,7 @@ class CanonicalClient:
         body = template.dataset()["HumanEval/0"]["canonical_solution"].rstrip("\n")
         self.answer = f"Write it.\n<<<<<<< SEARCH\n    pass  # to be written\n=======\n{body}\n>>>>>>> REPLACE"
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         from evolve.serving.client import Sample
         await asyncio.sleep(0.01)  # a real client waits on the network; the loop relies on it
         return Sample(texts=[self.answer] * n, finish_reasons=["stop"] * n, prompt_tokens=100,
@@ -411,7 +411,7 @@ class RecordingClient:
         self.block, self.scored = block, scored  # scored(): the first child has been judged
         self.prompts: list[str] = []
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         import time
 
         from evolve.serving.client import Sample

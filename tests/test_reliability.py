@@ -38,7 +38,7 @@ from scripted_run import ScriptedClient
 import evolve.run as runner, evolve.sandbox.docker as docker_sandbox
 
 class Client(ScriptedClient):
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         self.calls = seed or 0
         await asyncio.sleep(float(os.environ.get("SCRIPTED_DELAY", "0.3")))
         sample = await super().sample(messages, n, seed)

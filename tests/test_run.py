@@ -226,7 +226,7 @@ def test_a_broken_answer_is_re_asked_of_the_real_model_and_its_repair_stored_wit
     class FirstCallBroken(PolicyClient):  # the real server answers every call; the first call's texts are replaced
         first = True
 
-        async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
             sample = await super().sample(messages, n, seed, max_tokens)
             if self.first and REPAIR not in messages[-1]["content"]:
                 self.first, sample.texts = False, [broken] * n

@@ -30,6 +30,7 @@ class LLMMutation:
         self.hook = hook  # the RL hook (evolve/rl/hook.py), or None for a frozen mutator
         self.train_lock = asyncio.Lock()
         self.calls_in_flight = 0
+        self.answers_running = 0  # asked of the server and not yet answered (scheduler: llm_batch)
 
     async def start(self) -> None:
         if self.hook is not None:
@@ -124,9 +125,18 @@ class LLMMutation:
         # Cut at the wall time: a call of 8 answers takes minutes on two CPU cores, and a run
         # asked for 10 minutes must not run 15.
         deadline = asyncio.timeout(engine.ledger.wall_left())
+        left = call.n  # this call's answers still running: a retried call may report one twice
+
+        def answered() -> None:
+            nonlocal left
+            if left:
+                left -= 1
+                self.answers_running -= 1
+
+        self.answers_running += left
         try:
             async with deadline:
-                return await self.client.sample(messages, call.n, model=self.served(),
+                return await self.client.sample(messages, call.n, model=self.served(), on_answer=answered,
                                                 seed=pipeline.request_seed(engine.seed, call_index))
         except asyncio.CancelledError:  # interrupted: keep the call's time in the accounts
             self._cut(call)
@@ -143,6 +153,9 @@ class LLMMutation:
             engine.emit("llm_error", f"llm call failed: {call.error[:200]}", call=call.id)
             await asyncio.sleep(1.0)
             return None
+        finally:
+            self.answers_running -= left
+            left = 0
 
     def _cut(self, call: LLMCall) -> None:
         """Record a call cut short: its time counts, the call does not (resume asks again)."""

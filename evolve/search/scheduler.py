@@ -1,7 +1,8 @@
 """Which operator gets the cores, and when.
 
 - The LLM alone, or beside tuning without turns: `llm_concurrency` loops of calls (re-asks of
-  broken answers, search.repair, ahead of new ones); the tuner
+  broken answers, search.repair, ahead of new ones), each starting its next call once fewer than
+  `llm_batch` answers are running on the server (if set), so the batch stays full; the tuner
   tunes each child worth it in a task of its own as soon as it is stored.
 - Tuning alone (`search.llm: false`): one loop of tunings keeps the evaluators busy.
 - Turns (`tuning.background`): the LLM and tuning take turns with the cores, tuning's share of a
@@ -80,9 +81,13 @@ class Scheduler:
         return [self._tune_loop(self.tuner)]
 
     async def _llm_loop(self, llm: LLMMutation) -> str | None:
+        batch = self.engine.ledger.budget.llm_batch
         while (reason := self.engine.ledger.left()) is None:
             if not self.llm_turn.is_set():
                 await self.llm_turn.wait()
+                continue
+            if batch is not None and llm.answers_running >= batch:
+                await asyncio.sleep(0.2)  # the server's batch is full: start when an answer ends
                 continue
             if self.repair is not None and self.repair.ready and not llm.training():
                 await self.repair.step()  # a near-miss first: it is one fix from working

@@ -2,10 +2,11 @@
 vLLM, a GPU vLLM, or a hosted API)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from openai import AsyncOpenAI
 
@@ -38,7 +39,10 @@ class Sampler(Protocol):
         """The base model's served name."""
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample: ...
+                     max_tokens: int | None = None, model: str | None = None,
+                     on_answer: Callable[[], None] | None = None) -> Sample:
+        """`n` answers to `messages`; `on_answer` is called as each answer ends (the scheduler
+        keeps the server's batch full with it), at the latest when the group returns."""
 
     async def close(self) -> None: ...
 
@@ -61,7 +65,34 @@ class PolicyClient:
         return self.base
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+                     max_tokens: int | None = None, model: str | None = None,
+                     on_answer: Callable[[], None] | None = None) -> Sample:
+        if not self.is_vllm or n == 1:  # a hosted API bills the prompt per request: one request
+            sample = await self._request(messages, n, seed, max_tokens, model)
+            for _ in range(n if on_answer else 0):
+                on_answer()  # type: ignore[misc]
+            return sample
+        # vLLM: one request per answer, seeded as vLLM seeds a group's answers (seed + index,
+        # vllm/v1/engine/parallel_sampling.py), so the answers are the group's; each ends on its
+        # own, so the caller can start new answers while this group's longest is still running.
+        tasks = [asyncio.create_task(self._answer(messages, None if seed is None else seed + i, max_tokens,
+                                                  model, on_answer)) for i in range(n)]
+        try:
+            return _merge(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:  # one answer failed: the group is asked again whole, free the server
+                task.cancel()
+            raise
+
+    async def _answer(self, messages: list[dict], seed: int | None, max_tokens: int | None, model: str | None,
+                      on_answer: Callable[[], None] | None) -> Sample:
+        sample = await self._request(messages, 1, seed, max_tokens, model)
+        if on_answer is not None:
+            on_answer()
+        return sample
+
+    async def _request(self, messages: list[dict], n: int, seed: int | None, max_tokens: int | None,
+                       model: str | None) -> Sample:
         s, model = self.policy.sampling, model or self.base
         extra: dict = {"seed": seed} if (s.seed_requests and seed is not None) else {}
         # vLLM returns the exact token ids it sampled, so training needs no re-tokenising;
@@ -92,6 +123,20 @@ class PolicyClient:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def _merge(parts: list[Sample]) -> Sample:
+    """One group's Sample from its answers' requests, in seed order."""
+    tokens = [p.completion_tokens for p in parts]
+    return Sample(texts=[t for p in parts for t in p.texts],
+                  finish_reasons=[f for p in parts for f in p.finish_reasons],
+                  prompt_tokens=parts[0].prompt_tokens,
+                  completion_tokens=None if None in tokens else sum(tokens),  # type: ignore[arg-type]
+                  started_at=min(p.started_at for p in parts),
+                  latency_s=max(p.started_at + p.latency_s for p in parts) - min(p.started_at for p in parts),
+                  token_ids=[i for p in parts for i in (p.token_ids or [None])],
+                  prompt_token_ids=parts[0].prompt_token_ids,
+                  logprobs=[lp for p in parts for lp in (p.logprobs or [None])], model=parts[0].model)
 
 
 def _logprobs(choice) -> list[float] | None:

@@ -49,7 +49,8 @@ class EndpointPool:
         return [e.url for e in self.endpoints]
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+                     max_tokens: int | None = None, model: str | None = None,
+                     on_answer: Callable[[], None] | None = None) -> Sample:
         last: Exception | None = None
         tried: set[str] = set()
         while True:
@@ -65,7 +66,8 @@ class EndpointPool:
                     await self.rejoin(endpoint.url)  # back from an outage: it may know no adapter
                 endpoint.in_flight += 1
                 try:
-                    sample = await endpoint.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model)
+                    sample = await endpoint.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model,
+                                                          on_answer=on_answer)
                 finally:
                     endpoint.in_flight -= 1
             except TRANSIENT as exc:

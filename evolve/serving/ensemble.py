@@ -8,6 +8,7 @@ and `evolve status` gives each model's rates.
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 from evolve.serving.client import Sample, Sampler
 
@@ -32,10 +33,11 @@ class Ensemble:
         return self.members[-1][0]  # shares sum to 1 up to rounding
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+                     max_tokens: int | None = None, model: str | None = None,
+                     on_answer: Callable[[], None] | None = None) -> Sample:
         if model is not None:  # an adapter of the policy's model: an ensemble never trains
             raise TypeError(f"an ensemble serves its members' own models; it cannot serve {model!r}")
-        return await self.pick(seed).sample(messages, n, seed=seed, max_tokens=max_tokens)
+        return await self.pick(seed).sample(messages, n, seed=seed, max_tokens=max_tokens, on_answer=on_answer)
 
     async def close(self) -> None:
         for client, _ in self.members:

@@ -41,11 +41,13 @@ class PolicyLink:
         return self.client.model
 
     async def sample(self, messages: list[dict], n: int, seed: int | None = None,
-                     max_tokens: int | None = None, model: str | None = None) -> Sample:
+                     max_tokens: int | None = None, model: str | None = None,
+                     on_answer: Callable[[], None] | None = None) -> Sample:
         while True:
             epoch = self.epoch
             try:
-                sample = await self.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model)
+                sample = await self.client.sample(messages, n, seed=seed, max_tokens=max_tokens, model=model,
+                                                  on_answer=on_answer)
             except TRANSIENT as exc:
                 delay = self.outage.failed(one_line(exc))
                 if await self._repair(epoch, exc):

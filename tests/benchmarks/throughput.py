@@ -2,10 +2,12 @@
 
 Each variant changes one lever against the run's own policy: speculative decoding (a
 `complete` answer repeats much of the prompt: what prompt-lookup n-gram speculation is made
-for), the calls in flight, the answers per call, `max_tokens`, eager against compiled. The
+for), the calls in flight, the answers kept running (`budget.llm_batch`), the answers per call,
+`max_tokens`, eager against compiled. The
 server is started afresh per variant (no prefix cache carried over) and answers the prompts a
 real run stored, as a run asks them: `calls` workers, each starting its next call as soon as its
-last is answered, until `--seconds` have passed; the wall ends with the last answer.
+last is answered (with `batch`: once fewer answers than that are running), until `--seconds` have
+passed; the wall ends with the last answer.
 
     python tests/benchmarks/throughput.py RUN_DIR --variants none calls3 calls4 ngram4
     python tests/benchmarks/throughput.py --report OUT
@@ -44,6 +46,7 @@ class Variant:
     """One lever moved from the run's policy; None: as the policy (or --calls) has it."""
     speculative: dict | None = None  # vLLM's --speculative-config
     calls: int | None = None  # calls in flight (a run's `budget.llm_concurrency`)
+    batch: int | None = None  # answers kept running (a run's `budget.llm_batch`)
     n: int | None = None  # answers per call (`sampling.group_size`)
     max_tokens: int | None = None
     eager: bool = True  # --enforce-eager, as every shipped policy serves
@@ -56,6 +59,7 @@ def _ngram(k: int, longest: int = 4) -> dict:
 VARIANTS: dict[str, Variant] = {
     "none": Variant(),
     "calls1": Variant(calls=1), "calls3": Variant(calls=3), "calls4": Variant(calls=4), "calls6": Variant(calls=6),
+    "batch16": Variant(calls=3, batch=16), "batch24": Variant(calls=4, batch=24),
     "n16": Variant(n=16),
     "max384": Variant(max_tokens=384),
     "compiled": Variant(eager=False),
@@ -87,24 +91,31 @@ def counters(base_url: str) -> dict[str, float]:
 
 
 async def measure(client: PolicyClient, base_url: str, prompts: list[list[dict]], n: int, calls: int,
-                  seconds: float, max_tokens: int | None) -> dict:
+                  seconds: float, max_tokens: int | None, batch: int | None = None) -> dict:
     try:
-        return await _measure(client, base_url, prompts, n, calls, seconds, max_tokens)
+        return await _measure(client, base_url, prompts, n, calls, seconds, max_tokens, batch)
     finally:
         await client.close()  # in the loop that opened its connections
 
 
 async def _measure(client: PolicyClient, base_url: str, prompts: list[list[dict]], n: int, calls: int,
-                   seconds: float, max_tokens: int | None) -> dict:
+                   seconds: float, max_tokens: int | None, batch: int | None) -> dict:
     await client.sample(prompts[0], 1, seed=1, max_tokens=8)  # the prefix cache warm, as in a run
     before, started, by_index = counters(base_url), time.time(), {}
-    next_call = iter(range(10**9))
+    next_call, running = iter(range(10**9)), [0]
+
+    def answered() -> None:
+        running[0] -= 1
 
     async def worker() -> None:
         while time.time() - started < seconds:
+            if batch is not None and running[0] >= batch:
+                await asyncio.sleep(0.2)  # as the run's scheduler: start once an answer ends
+                continue
             i = next(next_call)
+            running[0] += n
             by_index[i] = await client.sample(prompts[i % len(prompts)], n, seed=request_seed(0, i),
-                                              max_tokens=max_tokens)
+                                              max_tokens=max_tokens, on_answer=answered)
 
     await asyncio.gather(*(worker() for _ in range(calls)))
     samples = [by_index[i] for i in sorted(by_index)]  # call order: call i compares across variants
@@ -140,7 +151,8 @@ def run_variant(name: str, policy_path: str, prompts: list[list[dict]], calls: i
         base_url, model, _ = start_policy_server(policy, folder, 0, stack)
         startup = time.time() - started
         client = PolicyClient(policy, base_url, model)
-        result = asyncio.run(measure(client, base_url, prompts, n, in_flight, seconds, variant.max_tokens))
+        result = asyncio.run(measure(client, base_url, prompts, n, in_flight, seconds, variant.max_tokens,
+                                     variant.batch))
     result |= {"variant": name, "startup_s": round(startup, 1), "n": n, "in_flight": in_flight,
                "config": asdict(variant)}
     (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")

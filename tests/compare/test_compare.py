@@ -47,7 +47,7 @@ from scripted_run import ScriptedClient
 import evolve.run as runner
 
 class Client(ScriptedClient):
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         await asyncio.sleep(float(os.environ.get("SCRIPTED_DELAY", "0")))
         return await super().sample(messages, n, seed)
 
@@ -426,7 +426,7 @@ def test_a_pool_is_one_seeded_call_per_parent_of_n_answers(tmp_path, policy_file
     asked = []
 
     class Recording(ScriptedClient):
-        async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
             asked.append((n, seed))
             return await super().sample(messages, n, seed)
 

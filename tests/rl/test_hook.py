@@ -240,7 +240,7 @@ async def test_the_first_call_after_a_load_must_reproduce_the_trainers_logprobs(
         def __init__(self, served):
             self.model, self.served, self.asked = "base", served, []
 
-        async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
             self.asked.append((model, n, max_tokens))
             return Sample(texts=["x"], finish_reasons=["length"], prompt_tokens=2, completion_tokens=3,
                           started_at=0.0, latency_s=0.1, token_ids=[[7, 8, 9]], prompt_token_ids=[1, 2],

@@ -8,6 +8,7 @@ from fakes import NO_LITERALS, LiteralSandbox, ScriptedSampler, toy_policy, toy_
 from sqlalchemy import func, select
 
 from evolve.judge.evaluator import Evaluator
+from evolve.run import open_database
 from evolve.rundir import Stop
 from evolve.search.controller import Controller
 from evolve.search.llm import LLMMutation
@@ -116,3 +117,43 @@ def test_the_tuner_takes_only_the_children_worth_tuning(tmp_path):
     tuner.offer(ok, island_best=True)
     assert list(tuner.waiting) == [ok]
     assert isinstance(controller.operators[0], LLMMutation)
+
+
+class StaggeredSampler(ScriptedSampler):
+    """A group's answers end one after another, as on a real server; the second call fails
+    after two of its answers ended (a server error: the group is lost, the search goes on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.running, self.at_start = 0, []
+
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
+        self.at_start.append(self.running)  # answers running on the server when this call starts
+        self.running += n
+        sample = await super().sample(messages, n, seed)
+        for i in range(n):
+            await asyncio.sleep(0.01)
+            if self.calls == 2 and i == 2:
+                self.running -= n - i  # the server drops the rest of the group
+                raise RuntimeError("the server dropped the request")
+            self.running -= 1
+            on_answer()
+        return sample
+
+
+def test_a_new_call_starts_once_fewer_than_llm_batch_answers_run(tmp_path):
+    """Three loops, groups of 4, llm_batch 6: a call starts only with fewer than 6 answers
+    running (without the gate the third loop starts with 8); a failed call's answers stop
+    counting, and none is counted once the run is over."""
+    for batch, most in ((6, 5), (None, 8)):
+        folder, sampler = tmp_path / str(batch), StaggeredSampler()
+        problem = toy_problem(folder, budget={"max_evaluations": 40, "llm_concurrency": 3, "llm_batch": batch})
+        policy, policy_path = toy_policy(folder)
+        spec = {"policy": str(policy_path), "seed": 0, "db_url": f"sqlite:///{folder / 'evolve.db'}", "run_name": "b"}
+        db = open_database(spec, problem, policy, folder)
+        controller = Controller(problem, policy, db, Evaluator(problem, sandbox=LiteralSandbox()), sampler,
+                                problem.budget, 0, lambda event: None)
+        assert asyncio.run(controller.run()) == Stop.BUDGET
+        assert max(sampler.at_start) <= most and (batch is not None or most in sampler.at_start)
+        assert controller.scheduler.llm.answers_running == 0
+        db.close()

@@ -26,7 +26,7 @@ class RepairingSampler(ScriptedSampler):
         self.mend = mend
         self.reasks: list[str] = []
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None) -> Sample:
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None) -> Sample:
         request = messages[-1]["content"]
         if REPAIR not in request:
             return await super().sample(messages, n, seed, max_tokens)
@@ -94,7 +94,7 @@ class SlowRepairs(RepairingSampler):
         super().__init__(mend)
         self.flying = self.most = self.new_beside = 0
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None) -> Sample:
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None) -> Sample:
         if REPAIR not in messages[-1]["content"]:
             self.new_beside += self.flying > 0
             return await super().sample(messages, n, seed, max_tokens)

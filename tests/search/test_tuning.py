@@ -194,7 +194,7 @@ def test_with_turns_the_llm_children_are_tuned_in_tuning_turns_not_beside_the_se
     from evolve.store.schema import LLMCall, Program, Tuning
 
     class SlowClient(ScriptedClient):  # calls that take a while, as a server's do
-        async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
             started = time.time()
             await asyncio.sleep(0.3)
             sample = await super().sample(messages, n, seed)
@@ -231,7 +231,7 @@ def test_a_knob_the_llm_adds_is_tuned_though_its_outputs_are_the_parents(tmp_pat
     no_knob = diff("Keep a copy.", stack, f"{stack}\n    centers = centers.copy()")
 
     class KnobClient(ScriptedClient):
-        async def sample(self, messages, n, seed=None, max_tokens=None, model=None) -> Sample:
+        async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None) -> Sample:
             sample = await super().sample(messages, n, seed)
             sample.texts = [(knob, no_knob)[i % 2] for i in range(n)]
             return sample

@@ -21,7 +21,7 @@ class Recorder:
     def __init__(self, model: str):
         self.model, self.seeds, self.closed = model, [], False
 
-    async def sample(self, messages, n, seed=None, max_tokens=None, model=None):
+    async def sample(self, messages, n, seed=None, max_tokens=None, model=None, on_answer=None):
         self.seeds.append(seed)
         return Sample([self.model] * n, ["stop"] * n, 1, n, 0.0, 0.0, model=self.model)
 

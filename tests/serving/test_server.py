@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from pathlib import Path
 
 import httpx
@@ -112,6 +113,33 @@ def test_complete_format_continues_the_versions_prefix(server):
     assert len(sample.texts) == 2 and all(t.strip() for t in sample.texts)
     assert not any("\ndef " in t or "\n```" in t for t in sample.texts)  # the stop strings held
 
+
+
+def test_a_group_is_asked_answer_by_answer_as_vllm_seeds_it(server):
+    """On vLLM a group of n is n requests seeded seed + i, as vLLM seeds a request's n answers:
+    the same answers (the run's record and its resume do not depend on the split), and the
+    caller hears of each answer as it ends (the scheduler keeps the batch full with it)."""
+    policy = config.Policy(name="t", model=MODEL, server=server_settings(),
+                           sampling=config.Sampling(max_tokens=24, temperature=0.8))
+    messages = [{"role": "user", "content": "Write a python function that adds two numbers"}]
+    ended: list[float] = []
+
+    async def both():
+        client = PolicyClient(policy, server.base_url, MODEL)
+        raw = openai.AsyncOpenAI(base_url=server.base_url, api_key="EMPTY")
+        try:
+            split = await client.sample(messages, 3, seed=11, on_answer=lambda: ended.append(time.time()))
+            whole = await raw.chat.completions.create(model=MODEL, messages=messages, n=3, seed=11, max_tokens=24,
+                                                      temperature=0.8, top_p=policy.sampling.top_p)
+            return split, whole
+        finally:
+            await client.close()
+            await raw.close()
+
+    split, whole = asyncio.run(both())
+    assert len(ended) == 3 and len(split.texts) == 3 and len(set(split.texts)) > 1
+    assert split.completion_tokens == sum(len(ids) for ids in split.token_ids) == whole.usage.completion_tokens
+    assert split.texts == [c.message.content for c in sorted(whole.choices, key=lambda c: c.index)]
 
 def long_prompt(index: int, words: int) -> str:
     """About `words` tokens that differ from the first word on, so prefix caching can't help."""
