@@ -438,8 +438,10 @@ def test_evolve_run_in_a_terminal_shows_a_live_dashboard(smol_policy, tmp_path):
     run_dir = tmp_path / "run"
     evolve = f"{sys.executable} -m evolve.cli"
     # Short tunings: the seed's is done before the LLM's first turn, and this test is about the screen.
+    # One call at a time, so the counter steps 1, 2, 3 while we watch (the default runs all three at once).
     child = spawn(pexpect, f"{evolve} run problems/circle_packing.yaml --policy {smol_policy} "
-                           f"--run-dir {run_dir} --max-llm-calls 3 --set search.tuning.trials=40")
+                           f"--run-dir {run_dir} --max-llm-calls 3 --set search.tuning.trials=40 "
+                           f"--set budget.llm_concurrency=1")
     child.expect("waiting for the run's database|MAP-Elites cells")  # the screen is up at once
     child.expect(r"LLM calls [12]/3")  # a group answered: the panels follow the database
     child.expect(r"EXIT=(\d+)")
