@@ -312,6 +312,16 @@ def test_the_seeds_helpers_stay_valid_on_an_optimisers_tight_layouts(docker_read
     assert evaluate(problem, seed).headline == pytest.approx(2.1666666, abs=1e-6)  # the seed does not call it
 
 
+@pytest.mark.parametrize("name", ["ring", "random", "hex", "spiral"])
+def test_a_foreign_seed_runs_the_flagships_search(name):
+    """The foreign seed programs test whether the engine's defaults, not the seed, do the work:
+    only the program and its description may differ from circle_packing.yaml."""
+    flagship, foreign = (load_problem(PROBLEMS / f) for f in ("circle_packing.yaml", f"circle_packing_{name}.yaml"))
+    for field in ("search", "budget", "sandbox", "components", "descriptors", "headline", "scorer"):
+        assert getattr(foreign, field) == getattr(flagship, field), field
+    assert foreign.policy == flagship.policy and foreign.seed_code() != flagship.seed_code()
+
+
 # ---- evolve check on every shipped problem ----------------------------------------------------------
 def shipped_problems() -> list[Path]:
     return sorted(p for p in PROBLEMS.glob("*.yaml") if "vary" not in yaml.safe_load(p.read_text()))
