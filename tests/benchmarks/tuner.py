@@ -13,8 +13,11 @@ through the problem's real sandbox and judge (two at a time, as a run's evaluato
 
     python tests/benchmarks/tuner.py problems/circle_packing.yaml problems/circle_packing_ring.yaml \\
         --trials 1500 --seeds 0 1 --out runs/tuner
+    python tests/benchmarks/tuner.py problems/circle_packing_ring.yaml --arms cma --minutes 30 \\
+        --out runs/cma-ring   # a search run's wall time instead of trials (search.py's baseline)
 
-Prints and writes (OUT/report.md) the best objective and headline after each 300 trials.
+Prints and writes (OUT/report.md) the best objective and headline after each 300 trials (with
+--minutes: after each 5 minutes, and the trials spent).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -40,16 +44,25 @@ CHECKPOINT = 300
 
 
 class Trials:
-    """The judge behind a budget of trials: two at a time, the best so far after each."""
+    """The judge behind a budget of trials (or of seconds): two at a time, the best so far after each."""
 
-    def __init__(self, evaluator: Evaluator, budget: int, start: float, start_headline: float | None):
+    def __init__(self, evaluator: Evaluator, budget: int, start: float, start_headline: float | None,
+                 seconds: float | None = None):
         self.evaluator, self.budget, self.spent = evaluator, budget, 0
+        self.started, self.seconds = time.time(), seconds
         self.slots = asyncio.Semaphore(2)
         self.best, self.headline = start, start_headline
         self.curve: list[tuple[int, float, float | None]] = []
+        self.clock: list[tuple[float, float, float | None]] = []  # (seconds, best, headline)
+
+    @property
+    def left(self) -> bool:
+        if self.seconds is not None:
+            return time.time() - self.started < self.seconds
+        return self.spent < self.budget
 
     async def __call__(self, code: str) -> Trial | None:
-        if self.spent >= self.budget:
+        if not self.left:
             return None
         self.spent += 1
         async with self.slots:
@@ -59,6 +72,7 @@ class Trials:
         if ok and r.objective > self.best:
             self.best, self.headline = r.objective, r.headline
         self.curve.append((self.spent, self.best, self.headline))
+        self.clock.append((time.time() - self.started, self.best, self.headline))
         return trial
 
     def at(self, trials: int) -> tuple[float, float | None]:
@@ -66,12 +80,17 @@ class Trials:
         points = [p for p in self.curve if p[0] <= trials] or [(0, self.best, self.headline)]
         return points[-1][1], points[-1][2]
 
+    def by(self, seconds: float) -> tuple[float, float | None]:
+        """The best objective and its headline after `seconds` of wall time."""
+        points = [p for p in self.clock if p[0] <= seconds] or [(0, self.best, self.headline)]
+        return points[-1][1], points[-1][2]
+
 
 async def chained(tune_fn, sigma, code: str, objective: float, judge: Trials, trials: int, seed: int,
                   max_literals: int) -> None:
     """Tunings of `trials` each from the best so far until the budget is spent."""
     best_code, best, k = code, objective, 0
-    while judge.spent < judge.budget:
+    while judge.left:
         s = request_seed(seed, k)
         rng = np.random.default_rng(s)
         step = sigma(rng) if callable(sigma) else sigma
@@ -90,12 +109,12 @@ async def plain_cma(code: str, judge: Trials, seed: int) -> None:
     x0 = np.array([lit.value for lit in literals])
     sigma0 = 0.05 * float(np.median(np.abs(x0))) or 0.05
     k = 0
-    while judge.spent < judge.budget:
+    while judge.left:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # request_seed: seed + 1 + k made seed 3's first run seed 2's second
             es = cma.CMAEvolutionStrategy(x0, sigma0, {"seed": request_seed(seed, k), "verbose": -9})
-        while not es.stop() and judge.spent < judge.budget:
+        while not es.stop() and judge.left:
             xs = es.ask()
             trials = await asyncio.gather(*(judge(substitute(code, literals, x)) for x in xs))
             if any(t is None for t in trials):
@@ -131,6 +150,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("problems", type=Path, nargs="+")
     ap.add_argument("--trials", type=int, default=1500, help="scored trials per arm")
+    ap.add_argument("--minutes", type=float, help="wall time per arm instead of trials (a search run's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--arms", nargs="+", default=["tuner", "old", "cma"])
     ap.add_argument("--old", default="aca3fef", help="the git revision of the old tuner")
@@ -151,7 +171,8 @@ def main() -> None:
                     key = f"{problem.name}|{arm}|{seed}"
                     if key in results:
                         continue
-                    judge = Trials(evaluator, args.trials, start.objective, start.headline)
+                    seconds = args.minutes * 60 if args.minutes else None
+                    judge = Trials(evaluator, args.trials, start.objective, start.headline, seconds)
                     code = problem.seed_code()
                     if arm == "tuner":
                         job = chained(tune, tuning.sigma, code, start.objective, judge, tuning.trials, seed,
@@ -162,9 +183,12 @@ def main() -> None:
                     else:
                         job = plain_cma(code, judge, seed)
                     asyncio.run(job)
-                    marks = list(range(CHECKPOINT, args.trials + 1, CHECKPOINT))
-                    results[key] = {"start": [start.objective, start.headline],
-                                    "at": {m: judge.at(m) for m in marks}}
+                    if seconds is None:
+                        marks = {str(m): judge.at(m) for m in range(CHECKPOINT, args.trials + 1, CHECKPOINT)}
+                    else:
+                        marks = {f"{m} min": judge.by(m * 60) for m in range(5, int(args.minutes) + 1, 5)}
+                        marks["trials"] = (judge.spent, None)
+                    results[key] = {"start": [start.objective, start.headline], "at": marks}
                     print(key, results[key], flush=True)
                     results_path.write_text(json.dumps(results, indent=1))
         finally:
@@ -174,11 +198,12 @@ def main() -> None:
 
 def report(results: dict, path: Path) -> None:
     lines = ["| program | arm | seed | start (headline) | " + " | ".join(
-        f"after {m}" for m in next(iter(results.values()))["at"]) + " |"]
+        m if m == "trials" else f"after {m}" for m in next(iter(results.values()))["at"]) + " |"]
     lines.append("|" + "---|" * (len(lines[0].split("|")) - 2))
     for key, r in results.items():
         name, arm, seed = key.split("|")
-        cells = [f"{obj:.4f} ({head or 0:.4f})" for obj, head in r["at"].values()]
+        cells = [f"{obj:.4f} ({head or 0:.4f})" if mark != "trials" else f"{obj:,}"
+                 for mark, (obj, head) in r["at"].items()]
         lines.append(f"| {name} | {arm} | {seed} | {r['start'][0]:.4f} ({r['start'][1] or 0:.4f}) | "
                      + " | ".join(cells) + " |")
     path.write_text("\n".join(lines) + "\n")
