@@ -263,7 +263,7 @@ def plot(results: dict, minutes: float, headline: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = dict(zip(ARMS, ("tab:blue", "tab:purple", "tab:orange", "tab:green", "tab:red")))
+    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)}  # one of tab10's per arm (there are 9)
     for (arm, seed), r in sorted(results.items()):
         xs = [t for t, _, _ in r["curve"]] + [minutes]
         ys = [h for _, h, _ in r["curve"]]
