@@ -52,8 +52,8 @@ class Trials:
         self.started, self.seconds = time.time(), seconds
         self.slots = asyncio.Semaphore(2)
         self.best, self.headline = start, start_headline
-        self.curve: list[tuple[int, float, float | None]] = []
-        self.clock: list[tuple[float, float, float | None]] = []  # (seconds, best, headline)
+        self.start = (start, start_headline)  # the best before any trial
+        self.curve: list[tuple[int, float, float, float | None]] = []  # (trials, seconds, best, headline)
 
     @property
     def left(self) -> bool:
@@ -71,19 +71,19 @@ class Trials:
         trial = Trial(code, r.objective if ok else 0.0, r, ok)
         if ok and r.objective > self.best:
             self.best, self.headline = r.objective, r.headline
-        self.curve.append((self.spent, self.best, self.headline))
-        self.clock.append((time.time() - self.started, self.best, self.headline))
+        self.curve.append((self.spent, time.time() - self.started, self.best, self.headline))
         return trial
 
     def at(self, trials: int) -> tuple[float, float | None]:
         """The best objective and its headline after `trials` trials (the last point if fewer ran)."""
-        points = [p for p in self.curve if p[0] <= trials] or [(0, self.best, self.headline)]
-        return points[-1][1], points[-1][2]
+        return self._last([p for p in self.curve if p[0] <= trials])
 
     def by(self, seconds: float) -> tuple[float, float | None]:
         """The best objective and its headline after `seconds` of wall time."""
-        points = [p for p in self.clock if p[0] <= seconds] or [(0, self.best, self.headline)]
-        return points[-1][1], points[-1][2]
+        return self._last([p for p in self.curve if p[1] <= seconds])
+
+    def _last(self, points: list[tuple[int, float, float, float | None]]) -> tuple[float, float | None]:
+        return (points[-1][2], points[-1][3]) if points else self.start
 
 
 async def chained(tune_fn, sigma, code: str, objective: float, judge: Trials, trials: int, seed: int,
