@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, func, select
+from sqlalchemy.exc import DatabaseError
 from sqlalchemy.orm import Session
 
 from evolve.config import Server
@@ -66,6 +67,17 @@ def db_session(run_dir: Path) -> Session:
     return Session(create_engine(RunDir(run_dir).spec()["db_url"]))
 
 
+def calls_stored(run_dir: Path) -> bool:
+    """Polling a run that is starting: its database file exists before its tables do."""
+    if not (run_dir / "evolve.db").exists():
+        return False
+    try:
+        with db_session(run_dir) as s:
+            return bool(s.scalar(select(func.count(LLMCall.id))))
+    except DatabaseError:  # no tables yet, or a header half-written ("not a database")
+        return False
+
+
 def snapshot(s: Session) -> dict:
     """Everything about stored programs that a resume must not change."""
     return {p.id: (p.status, p.code, p.objective, json.dumps(p.fitness, sort_keys=True))
@@ -119,12 +131,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(server, policy, grid_problem, 
                              "--run-dir", str(run_dir), "--max-llm-calls", "3"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
-    db = run_dir / "evolve.db"
-    while time.time() < deadline:  # interrupt once the first group is stored
-        if db.exists():
-            with db_session(run_dir) as s:
-                if s.scalar(select(func.count(LLMCall.id))):
-                    break
+    while time.time() < deadline and not calls_stored(run_dir):  # interrupt once the first group is stored
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
