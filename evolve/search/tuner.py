@@ -4,20 +4,25 @@ as a `tuned` child.
 A step tunes one program: an LLM child offered to it first (the ones worth tuning), otherwise
 the archive's pick of the next island in turn. With turns (scheduler.py) offered children wait
 for tuning's turn, which takes them first: a tuning (300 trials) run beside the server in the
-LLM's turn would take the cores from it. Kept in memory: a resume tunes the archive's programs.
+LLM's turn would take the cores from it. Each tuning's CMA-ES state is kept with the program it
+ended on (its best, or its start where nothing beat it), so the next tuning of that program goes
+on where it stopped. Kept in memory: a resume tunes the archive's programs afresh.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from evolve.config import Tuning as TuningConfig
 from evolve.mutation import pipeline
 from evolve.mutation.literals import adds_knob, changes_structure
 from evolve.rundir import Stop
 from evolve.search.operator import Engine, Step
-from evolve.search.tuning import Trial, tune
+from evolve.search.tuning import Trial, TuningState
 from evolve.store.schema import Program, Tuning
+
+# CMA-ES states kept at most (the least recently ended dropped): a few kB each.
+KEPT_STATES = 256
 
 
 class Tuner:
@@ -30,6 +35,7 @@ class Tuner:
         self.generations = generations  # the only operator: each tuning counts a generation of its island
         self.waiting: deque[Program] = deque()
         self.rounds = 0
+        self.states: OrderedDict[int, TuningState] = OrderedDict()  # program id -> the tuning that ended there
 
     async def start(self) -> None:
         pass
@@ -79,15 +85,15 @@ class Tuner:
         if parent.code is None or parent.objective is None:  # not an evaluated program
             return Step(0)
         started = time.time()
-        tuned = await tune(parent.code, parent.objective, self._trial, t.trials, t.sigma,
-                           pipeline.request_seed(engine.seed, parent.id, engine.db.tunings_of(parent.id)),
-                           t.max_literals, engine.rng)
+        tuning = self._tuning(parent)
+        tuned = await tuning.run(self._trial, t.trials)
         row = Tuning(run_id=engine.db.run_id, parent_id=parent.id, trials=tuned.trials,
                      parameters=tuned.parameters, start_objective=parent.objective,
                      best_objective=tuned.best.objective if tuned.best else None, started_at=started,
                      elapsed_s=time.time() - started)
         if tuned.best is None or tuned.best.result is None:
             if tuned.trials:  # its trials were spent all the same: the row counts them
+                self._keep(parent.id, tuning)
                 engine.db.add(row)
                 engine.emit("tuned", f"tuned #{parent.id}: {tuned.parameters} literals, {tuned.trials} trials, "
                             f"none above {parent.objective:.4f}", parent=parent.id, program=None,
@@ -96,12 +102,32 @@ class Tuner:
         child = Program(island=parent.island, parent_id=parent.id, origin=self.origin,
                         generation=parent.generation + 1, code=tuned.best.code, status="pending")
         engine.store(child, tuned.best.result, started, row)
+        if child.id is not None and child.objective == tuning.objective:
+            self._keep(child.id, tuning)
         engine.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
                     f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
                     parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
                     objective=child.objective, outcome=child.outcome)
         engine.progress()
         return Step(tuned.trials, child.objective)
+
+    def _tuning(self, parent: Program) -> TuningState:
+        """The tuning that ended on this program, to go on with; else a fresh one."""
+        t, engine = self.config, self.engine
+        kept = self.states.pop(parent.id, None)
+        if kept is not None and kept.objective == parent.objective:
+            return kept
+        assert parent.code is not None and parent.objective is not None
+        seed = pipeline.request_seed(engine.seed, parent.id, engine.db.tunings_of(parent.id))
+        return TuningState(parent.code, parent.objective, t.sigma, seed, t.max_literals, engine.rng,
+                      t.stall_trials or None)
+
+    def _keep(self, program_id: int, tuning: TuningState) -> None:
+        if not self.config.resume or tuning.exhausted:
+            return
+        self.states[program_id] = tuning
+        while len(self.states) > KEPT_STATES:
+            self.states.popitem(last=False)
 
     async def _trial(self, code: str) -> Trial | None:
         if self.engine.ledger.left() not in (None, Stop.LLM_CALLS):

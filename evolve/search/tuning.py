@@ -24,7 +24,7 @@ import asyncio
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -51,8 +51,8 @@ class Tuned:
 
 Evaluate = Callable[[str], Awaitable[Trial | None]]  # None: the budget is spent, stop
 
-# A descent that has not raised its own best in this many trials (and three generations) has
-# stalled: restart, instead of spending the rest of the tuning where it sits.
+# With a stall rule (`tuning.stall_trials`; off by default), a descent that has not raised its own
+# best in this many trials (and three generations) has stalled: restart from the best point.
 STALL_TRIALS = 100
 # Fewer than this share of a restart's first generation accepted by the judge: its steps are
 # too large for this program (a radius scaled up overlaps), so that regime's step is quartered.
@@ -92,44 +92,78 @@ class Restarts:
 
 async def tune(program: str, objective: float, evaluate: Evaluate, trials: int,
                sigma: float | tuple[float, float], seed: int, max_parameters: int,
-               rng: np.random.Generator) -> Tuned:
-    """CMA-ES with restarts over the block's float literals, `trials` scored candidates at most.
+               rng: np.random.Generator, stall: int | None = None) -> Tuned:
+    """One tuning of `trials` scored candidates at most from a fresh state (Tuning)."""
+    tuning = TuningState(program, objective, sigma, seed, max_parameters, rng, stall)
+    return await tuning.run(evaluate, trials)
+
+
+class TuningState:
+    """CMA-ES with restarts over one program's float literals, resumable.
 
     The start is the first incumbent (its objective is known), so a tuning never returns below
     the program it tuned. A literal is start + scale * z (scales: the literals' median size), so
     `sigma`, the (small, large) pair of first steps of the restarts (Restarts), or one step for
-    all, is relative to the literals' typical size. With more
-    literals than `max_parameters`, a random subset is tuned and the rest kept (CMA-ES needs far
-    more trials than a tuning may spend once it has dozens of coordinates).
+    all, is relative to the literals' typical size. With more literals than `max_parameters`, a
+    random subset is tuned and the rest kept (CMA-ES needs far more trials than a tuning may
+    spend once it has dozens of coordinates).
+
+    Its state (the descent in progress, its step and covariance, the restarts' schedule) lives
+    between `run`s, so the search's next tuning of the best it found goes on where this one
+    stopped instead of starting CMA-ES afresh: plain CMA-ES's one long descent beat chained
+    fresh 300-trial tunings on the foreign seeds (docs/benchmarks/generalization.md).
+    `stall`: trials without a gain after which a descent restarts (None: only when cma stops).
     """
-    literals = float_literals(program)
-    if len(literals) > max_parameters:
-        keep = np.sort(rng.choice(len(literals), size=max_parameters, replace=False))
-        literals = [literals[i] for i in keep]
-    if not literals:
-        return Tuned(None, 0, 0, objective)
-    start = np.array([lit.value for lit in literals])
-    scale = scales(start)
-    small, large = (sigma, sigma) if isinstance(sigma, (int, float)) else sigma
-    restarts = Restarts(small, large, _popsize(len(literals)), rng)
-    incumbent = Incumbent(np.zeros(len(literals)), objective)
 
-    async def run(z: np.ndarray) -> Trial | None:
-        return await evaluate(substitute(program, literals, start + scale * z))
+    def __init__(self, program: str, objective: float, sigma: float | tuple[float, float], seed: int,
+                 max_parameters: int, rng: np.random.Generator, stall: int | None = None):
+        literals = float_literals(program)
+        if len(literals) > max_parameters:
+            keep = np.sort(rng.choice(len(literals), size=max_parameters, replace=False))
+            literals = [literals[i] for i in keep]
+        self.program, self.literals, self.seed, self.stall = program, literals, seed, stall
+        self.start = np.array([lit.value for lit in literals])
+        self.scale = scales(self.start) if literals else self.start
+        small, large = (sigma, sigma) if isinstance(sigma, (int, float)) else sigma
+        self.restarts = Restarts(small, large, _popsize(max(1, len(literals))), rng)
+        self.incumbent = Incumbent(np.zeros(len(literals)), objective)
+        self.descent: Descent | None = None
+        self.exhausted = not literals  # nothing to tune, or cma stops before a first generation
 
-    spent = 0
-    while spent < trials:
-        step, popsize = restarts.next()
-        ran = await _descent(run, incumbent, step, popsize, seed + restarts.count, trials - spent,
-                             may_refuse=restarts.count > 1)
-        spent += ran.trials
-        if not ran.trials:  # cma stopped before its first generation: nothing more to learn
-            break
-        if ran.refused:
-            restarts.refused(step)
-        if ran.cut:
-            break
-    return Tuned(incumbent.trial, spent, len(literals), objective, restarts.count)
+    @property
+    def objective(self) -> float:
+        """The best objective so far: the program a later `run` goes on from."""
+        return self.incumbent.objective
+
+    async def run(self, evaluate: Evaluate, trials: int) -> Tuned:
+        """Up to `trials` more scored candidates; the best is returned only if it beats where this
+        run began."""
+        before, spent = self.incumbent.objective, 0
+
+        async def candidate(z: np.ndarray) -> Trial | None:
+            return await evaluate(substitute(self.program, self.literals, self.start + self.scale * z))
+
+        while spent < trials and not self.exhausted:
+            descent = self._descent()
+            ran, cut = await descent.generation(candidate, self.incumbent, trials - spent, self.stall)
+            spent += ran
+            if cut:
+                break
+            if not ran and descent.generations == 0:
+                self.exhausted = True  # cma stopped before its first generation: nothing more to learn
+        best = self.incumbent.trial if self.incumbent.objective > before else None
+        return Tuned(best, spent, len(self.literals), before, self.restarts.count)
+
+    def _descent(self) -> "Descent":
+        """The descent in progress, or the next restart from the best point once it has ended."""
+        if self.descent is not None and not self.descent.ended:
+            return self.descent
+        if self.descent is not None and self.descent.refused:
+            self.restarts.refused(self.descent.sigma)
+        step, popsize = self.restarts.next()
+        self.descent = Descent.start(self.incumbent.z, step, popsize, self.seed + self.restarts.count,
+                                     may_refuse=self.restarts.count > 1)
+        return self.descent
 
 
 @dataclass
@@ -148,40 +182,54 @@ class Incumbent:
 
 @dataclass
 class Descent:
-    trials: int
-    refused: bool = False  # the judge refused most of its first generation
-    cut: bool = False  # the budget (or the tuning's trials) ran out mid-population
+    """One CMA-ES run from the incumbent, kept between tunings until it stops, stalls or is
+    refused. A restart (`may_refuse`) whose first generation the judge mostly refuses ends there;
+    the first descent goes on as plain CMA-ES would, ranking refused trials last and adapting
+    its step."""
+    es: Any
+    sigma: float
+    may_refuse: bool
+    trials: int = 0
+    generations: int = 0
+    own_best: float = -math.inf
+    last_gain: int = 0
+    refused: bool = False
+    ended: bool = False
 
+    @classmethod
+    def start(cls, z: np.ndarray, sigma: float, popsize: int, seed: int, may_refuse: bool) -> "Descent":
+        import cma
 
-async def _descent(run: Callable[[np.ndarray], Awaitable[Trial | None]], incumbent: Incumbent,
-                   sigma: float, popsize: int, seed: int, trials: int, may_refuse: bool) -> Descent:
-    """One CMA-ES run from the incumbent until it stops, stalls or spends `trials`. A restart
-    (`may_refuse`) whose first generation the judge mostly refuses ends there; the first descent
-    goes on as plain CMA-ES would, ranking refused trials last and adapting its step."""
-    import cma
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # cma warns about one-dimensional problems
+            es = cma.CMAEvolutionStrategy(z, sigma, {"seed": seed, "verbose": -9, "popsize": popsize})
+        return cls(es, sigma, may_refuse)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # cma warns about one-dimensional problems
-        es = cma.CMAEvolutionStrategy(incumbent.z, sigma, {"seed": seed, "verbose": -9, "popsize": popsize})
-    spent, generations, own_best, last_gain = 0, 0, -math.inf, 0
-    while spent < trials and not es.stop():
-        zs = es.ask()[: trials - spent]
-        results = await asyncio.gather(*(run(z) for z in zs))
+    async def generation(self, candidate: Callable[[np.ndarray], Awaitable[Trial | None]],
+                         incumbent: Incumbent, left: int, stall: int | None) -> tuple[int, bool]:
+        """One population scored and told: (trials spent, cut). Cut: the budget or `left` ran out
+        mid-population (a partial population cannot be told; the next generation asks anew)."""
+        if self.es.stop():
+            self.ended = True
+            return 0, False
+        zs = self.es.ask()[:left]
+        results = await asyncio.gather(*(candidate(z) for z in zs))
         ran = [(z, r) for z, r in zip(zs, results) if r is not None]
-        spent += len(ran)
-        generations += 1
+        self.trials += len(ran)
         for z, trial in ran:
             incumbent.offer(z, trial)
-            if trial.objective > own_best:
-                own_best, last_gain = trial.objective, spent
-        if len(ran) < es.popsize:  # a partial population cannot be told
-            return Descent(spent, cut=True)
-        if may_refuse and generations == 1 and sum(t.ok for _, t in ran) < MIN_ACCEPTED * len(ran):
-            return Descent(spent, refused=True)
-        es.tell(zs, [-trial.objective for _, trial in ran])
-        if generations >= 3 and spent - last_gain >= STALL_TRIALS:
-            break
-    return Descent(spent)
+            if trial.objective > self.own_best:
+                self.own_best, self.last_gain = trial.objective, self.trials
+        if len(ran) < self.es.popsize:
+            return len(ran), True
+        self.generations += 1
+        if self.may_refuse and self.generations == 1 and sum(t.ok for _, t in ran) < MIN_ACCEPTED * len(ran):
+            self.refused = self.ended = True
+            return len(ran), False
+        self.es.tell(zs, [-trial.objective for _, trial in ran])
+        if stall is not None and self.generations >= 3 and self.trials - self.last_gain >= stall:
+            self.ended = True
+        return len(ran), False
 
 
 def scales(start: np.ndarray) -> np.ndarray:

@@ -4,7 +4,9 @@ Each arm spends the same number of scored trials on one program's float literals
 through the problem's real sandbox and judge (two at a time, as a run's evaluators):
 
   tuner   the search's tuner (evolve/search/tuning.py): tunings of `search.tuning.trials`,
-          each from the best so far, as the search tunes its archive's bests again
+          each from the best so far, as the search tunes its archive's bests again (with
+          `tuning.resume`, each goes on with the last one's CMA-ES state; --stall, --fresh
+          override the problem's settings)
   old     the same chained tunings with the tuner of a git revision (--old REV), which drew
           one first step per tuning from `--old-sigma` and had no restarts
   cma     plain CMA-ES: the `cma` package's defaults on the literals themselves (absolute
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import subprocess
@@ -38,7 +41,7 @@ from evolve.config import load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.literals import float_literals, substitute
 from evolve.mutation.pipeline import request_seed
-from evolve.search.tuning import Trial, tune
+from evolve.search.tuning import Trial, TuningState, tune
 
 CHECKPOINT = 300
 
@@ -102,6 +105,17 @@ async def chained(tune_fn, sigma, code: str, objective: float, judge: Trials, tr
             break
 
 
+async def resumed(code: str, objective: float, judge: Trials, trials: int, seed: int, sigma,
+                  max_literals: int, stall: int | None) -> None:
+    """Tunings of `trials` each from the best so far, each going on with the last one's state
+    (the search's `tuning.resume`: the best is where the last tuning ended)."""
+    s = request_seed(seed, 0)
+    tuning = TuningState(code, objective, sigma, s, max_literals, np.random.default_rng(s), stall)
+    while judge.left and not tuning.exhausted:
+        if not (await tuning.run(judge, trials)).trials:
+            break
+
+
 async def plain_cma(code: str, judge: Trials, seed: int) -> None:
     """`cma`'s defaults on the literals' own values; a new run (new seed) only when one stops."""
     import cma
@@ -137,7 +151,10 @@ def old_tuner(rev: str):
     async def tune_old(code, objective, judge, trials, sigma, seed, max_literals, rng):
         async def trial(variant):  # the old Trial has no `ok`
             t = await judge(variant)
-            return None if t is None else module.Trial(t.code, t.objective, t.result)
+            if t is None:
+                return None
+            has_ok = "ok" in getattr(module.Trial, "__dataclass_fields__", {})
+            return module.Trial(t.code, t.objective, t.result, **({"ok": t.ok} if has_ok else {}))
         return await module.tune(code, objective, trial, trials, sigma, seed, max_literals, rng)
     return tune_old
 
@@ -155,6 +172,8 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["tuner", "old", "cma"])
     ap.add_argument("--old", default="aca3fef", help="the git revision of the old tuner")
     ap.add_argument("--old-sigma", type=float, nargs=2, default=[0.1, 0.5])
+    ap.add_argument("--stall", type=int, help="the tuner's stall_trials (0: restart only when cma stops)")
+    ap.add_argument("--fresh", action="store_true", help="the tuner without resume (a fresh state per tuning)")
     ap.add_argument("--out", type=Path, default=Path("runs/tuner"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -174,9 +193,13 @@ def main() -> None:
                     seconds = args.minutes * 60 if args.minutes else None
                     judge = Trials(evaluator, args.trials, start.objective, start.headline, seconds)
                     code = problem.seed_code()
-                    if arm == "tuner":
-                        job = chained(tune, tuning.sigma, code, start.objective, judge, tuning.trials, seed,
-                                      tuning.max_literals)
+                    stall = tuning.stall_trials if args.stall is None else args.stall
+                    if arm == "tuner" and tuning.resume and not args.fresh:
+                        job = resumed(code, start.objective, judge, tuning.trials, seed, tuning.sigma,
+                                      tuning.max_literals, stall or None)
+                    elif arm == "tuner":
+                        job = chained(functools.partial(tune, stall=stall or None), tuning.sigma, code,
+                                      start.objective, judge, tuning.trials, seed, tuning.max_literals)
                     elif arm == "old":
                         job = chained(old_tuner(args.old), log_uniform(*args.old_sigma), code, start.objective,
                                       judge, tuning.trials, seed, tuning.max_literals)

@@ -298,7 +298,7 @@ def test_a_stalled_descent_restarts_from_the_best_point():
 
     async def flat(variant: str):
         return Trial(variant, 0.0, None)
-    tuned = asyncio.run(tune(code, 0.0, flat, trials=4 * STALL_TRIALS, sigma=(0.05, 0.5), seed=0,
+    tuned = asyncio.run(tune(code, 0.0, flat, trials=4 * STALL_TRIALS, sigma=(0.05, 0.5), seed=0, stall=STALL_TRIALS,
                              max_parameters=12, rng=np.random.default_rng(0)))
     assert tuned.trials == 4 * STALL_TRIALS and tuned.descents >= 3 and tuned.best is None
 
@@ -333,3 +333,61 @@ def test_the_first_descent_goes_on_where_the_judge_refuses_most_steps():
     tuned = asyncio.run(tune(code, 0.0, mostly_refused, trials=36, sigma=(0.05, 0.5), seed=0,
                              max_parameters=12, rng=np.random.default_rng(0)))
     assert tuned.trials == 36 and tuned.descents == 1
+
+
+def test_a_resumed_tuning_goes_on_with_its_descent_instead_of_starting_afresh():
+    """TuningState between runs keeps its CMA-ES descent (step and covariance): the second run
+    continues the first's descent from its best, and returns a best only above where it began."""
+    from evolve.search.tuning import TuningState
+    code = "# EVOLVE-BLOCK-START\ndef f():\n    return 1.0 * 2.0 + 0.5\n# EVOLVE-BLOCK-END\n"
+    target = np.array([1.3, 1.7, 0.6])
+    start = -float(np.sum((np.array([1.0, 2.0, 0.5]) - target) ** 2))
+    evaluate = _evaluator(target, [10_000])
+    state = TuningState(code, start, 0.2, 1, 12, np.random.default_rng(0), stall=None)
+    first = asyncio.run(state.run(evaluate, 60))
+    descent = state.descent
+    second = asyncio.run(state.run(evaluate, 60))
+    assert state.descent is descent and state.restarts.count == 1  # the same descent, not a restart
+    assert descent.trials == first.trials + second.trials == 120
+    assert second.start_objective == first.best.objective
+    assert second.best is None or second.best.objective > first.best.objective
+    assert state.objective == max(first.best.objective, second.best.objective if second.best else -np.inf)
+
+
+def test_without_a_stall_rule_a_descent_restarts_only_when_cma_stops():
+    """stall=None: a descent that stops gaining is not cut after STALL_TRIALS (plain CMA-ES's
+    long descent); with the rule it restarts. Noise, not a flat line: cma stops on flat fitness."""
+    from evolve.search.tuning import STALL_TRIALS, TuningState
+    code = "# EVOLVE-BLOCK-START\nx = [0.1, 0.2, 0.3]\n# EVOLVE-BLOCK-END\n"
+
+    def restarts(stall):
+        noise = np.random.default_rng(0)
+
+        async def noisy(variant):
+            return Trial(variant, -1.0 + 0.5 * float(noise.random()), None)
+        state = TuningState(code, -1.0, (0.05, 0.5), 0, 16, np.random.default_rng(0), stall=stall)
+        asyncio.run(state.run(noisy, 4 * STALL_TRIALS))
+        return state.restarts.count
+    assert restarts(None) == 1 and restarts(STALL_TRIALS) > 1
+
+
+def test_the_tuner_keeps_a_tunings_state_with_the_program_it_ended_on():
+    """The operator's bookkeeping: a tuning's state is kept under the program it ended on and
+    taken back for that program (once: a second tuning of it at the same time starts afresh);
+    a program whose objective is not the state's, or `resume: false`, gets a fresh state."""
+    from types import SimpleNamespace
+
+    from evolve.config import Tuning as TuningConfig
+    from evolve.search.tuner import Tuner
+    code = "# EVOLVE-BLOCK-START\nx = [0.1, 0.2]\n# EVOLVE-BLOCK-END\n"
+    engine = SimpleNamespace(seed=0, rng=np.random.default_rng(0), db=SimpleNamespace(tunings_of=lambda pid: 0))
+    program = SimpleNamespace(id=7, code=code, objective=0.5)
+    tuner = Tuner(engine, TuningConfig(enabled=True), queued=True, generations=False)
+    state = tuner._tuning(program)
+    tuner._keep(7, state)
+    assert tuner._tuning(program) is state and tuner._tuning(program) is not state
+    tuner._keep(7, state)
+    assert tuner._tuning(SimpleNamespace(id=7, code=code, objective=0.6)) is not state
+    fresh = Tuner(engine, TuningConfig(enabled=True, resume=False), queued=True, generations=False)
+    fresh._keep(7, state)
+    assert fresh._tuning(program) is not state
