@@ -51,8 +51,9 @@ class Tuned:
 
 Evaluate = Callable[[str], Awaitable[Trial | None]]  # None: the budget is spent, stop
 
-# With a stall rule (`tuning.stall_trials`; off by default), a descent that has not raised its own
-# best in this many trials (and three generations) has stalled: restart from the best point.
+# The stall rule of the tuner before `tuning.resume` (now `tuning.stall_trials`, off by default):
+# a descent that has not raised its own best in this many trials (and three generations) restarts
+# from the best point.
 STALL_TRIALS = 100
 # Fewer than this share of a restart's first generation accepted by the judge: its steps are
 # too large for this program (a radius scaled up overlaps), so that regime's step is quartered.

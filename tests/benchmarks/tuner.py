@@ -5,8 +5,10 @@ through the problem's real sandbox and judge (two at a time, as a run's evaluato
 
   tuner   the search's tuner (evolve/search/tuning.py): tunings of `search.tuning.trials`,
           each from the best so far, as the search tunes its archive's bests again (with
-          `tuning.resume`, each goes on with the last one's CMA-ES state; --stall, --fresh
-          override the problem's settings)
+          `tuning.resume`, each goes on with the last one's CMA-ES state; --stall overrides
+          the problem's `stall_trials`)
+  fresh   the tuner before `tuning.resume` (e453dd9 and earlier): chained tunings, each from a
+          fresh CMA-ES state, a descent restarted after 100 trials without a gain
   old     the same chained tunings with the tuner of a git revision (--old REV), which drew
           one first step per tuning from `--old-sigma` and had no restarts
   cma     plain CMA-ES: the `cma` package's defaults on the literals themselves (absolute
@@ -41,7 +43,7 @@ from evolve.config import load_problem
 from evolve.judge.evaluator import Evaluator
 from evolve.mutation.literals import float_literals, substitute
 from evolve.mutation.pipeline import request_seed
-from evolve.search.tuning import Trial, TuningState, tune
+from evolve.search.tuning import STALL_TRIALS, Trial, TuningState, tune
 
 CHECKPOINT = 300
 
@@ -169,11 +171,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=1500, help="scored trials per arm")
     ap.add_argument("--minutes", type=float, help="wall time per arm instead of trials (a search run's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--arms", nargs="+", default=["tuner", "old", "cma"])
+    ap.add_argument("--arms", nargs="+", default=["tuner", "fresh", "cma"])
     ap.add_argument("--old", default="aca3fef", help="the git revision of the old tuner")
     ap.add_argument("--old-sigma", type=float, nargs=2, default=[0.1, 0.5])
     ap.add_argument("--stall", type=int, help="the tuner's stall_trials (0: restart only when cma stops)")
-    ap.add_argument("--fresh", action="store_true", help="the tuner without resume (a fresh state per tuning)")
     ap.add_argument("--out", type=Path, default=Path("runs/tuner"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,10 +195,11 @@ def main() -> None:
                     judge = Trials(evaluator, args.trials, start.objective, start.headline, seconds)
                     code = problem.seed_code()
                     stall = tuning.stall_trials if args.stall is None else args.stall
-                    if arm == "tuner" and tuning.resume and not args.fresh:
+                    if arm == "tuner" and tuning.resume:
                         job = resumed(code, start.objective, judge, tuning.trials, seed, tuning.sigma,
                                       tuning.max_literals, stall or None)
-                    elif arm == "tuner":
+                    elif arm in ("tuner", "fresh"):
+                        stall = STALL_TRIALS if arm == "fresh" else stall
                         job = chained(functools.partial(tune, stall=stall or None), tuning.sigma, code,
                                       start.objective, judge, tuning.trials, seed, tuning.max_literals)
                     elif arm == "old":
