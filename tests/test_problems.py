@@ -312,7 +312,7 @@ def test_the_seeds_helpers_stay_valid_on_an_optimisers_tight_layouts(docker_read
     assert evaluate(problem, seed).headline == pytest.approx(2.1666666, abs=1e-6)  # the seed does not call it
 
 
-@pytest.mark.parametrize("name", ["ring", "random", "hex", "spiral"])
+@pytest.mark.parametrize("name", ["ring", "random", "hex", "spiral", "grid"])
 def test_a_foreign_seed_runs_the_flagships_search(name):
     """The foreign seed programs test whether the engine's defaults, not the seed, do the work:
     only the program and its description may differ from circle_packing.yaml."""
