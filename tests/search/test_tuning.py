@@ -391,3 +391,29 @@ def test_the_tuner_keeps_a_tunings_state_with_the_program_it_ended_on():
     fresh = Tuner(engine, TuningConfig(enabled=True, resume=False), queued=True, generations=False)
     fresh._keep(7, state)
     assert fresh._tuning(program) is not state
+
+
+def test_a_descent_that_learned_nothing_is_drawn_again_at_its_step():
+    """Every trial of the first generation refused: cma stops on the flat fitness, which is no
+    convergence. The next descent is the same step and population with another seed (plain
+    CMA-ES's restart), not the schedule's large step; RETRIES such redraws in a row at most."""
+    from evolve.search.tuning import RETRIES, TuningState
+    code = "# EVOLVE-BLOCK-START\nx = [1.0, 2.0]\n# EVOLVE-BLOCK-END\n"
+    calls = []
+
+    async def refuses_the_first_generation(variant: str):
+        calls.append(variant)
+        ok = len(calls) > 6
+        distance = float(np.sum((np.array([lit.value for lit in float_literals(variant)]) - 1.5) ** 2))
+        return Trial(variant, -distance if ok else 0.0, None, ok=ok)
+    state = TuningState(code, 0.5, (0.05, 0.5), 0, 12, np.random.default_rng(0))
+    asyncio.run(state.run(refuses_the_first_generation, 24))
+    assert state.descents == 2 and state.restarts.count == 1
+    assert state.descent.sigma == 0.05 and state.descent.es.popsize == 6 and not state.descent.may_refuse
+    assert calls[6] not in calls[:6]  # another seed: other trials
+
+    async def refuses_all(variant: str):
+        return Trial(variant, 0.0, None, ok=False)
+    state = TuningState(code, 0.5, (0.05, 0.5), 0, 12, np.random.default_rng(0))
+    asyncio.run(state.run(refuses_all, 6 * (RETRIES + 2)))
+    assert state.restarts.count == 2 and state.descent.sigma == 0.5  # then the schedule moves on
