@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -157,10 +158,9 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_note("starting: " + " ".join(self.command()))
         with open(self.log_path, "ab") as log:  # the child keeps its own copy of the fd
-            self.process = subprocess.Popen(
+            self.process = spawn(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=self.environment(), start_new_session=True,  # own group: stop() kills it all
-                preexec_fn=_die_with_parent() if _in_main_thread() else None,
             )
         atexit.register(self.stop)
 
@@ -313,10 +313,20 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _in_main_thread() -> bool:
-    # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it is only safe
-    # from the main thread; elsewhere we rely on stop()/atexit alone.
-    return threading.current_thread() is threading.main_thread()
+# PR_SET_PDEATHSIG fires when the *thread* that forked exits, not the process. A server started
+# from a worker thread (a merged restart runs in asyncio.to_thread, whose workers end with their
+# loop) is forked by this one thread instead, which lives as long as the engine: without it such
+# a server outlived an engine killed by SIGKILL (a test's timeout left one holding 10 GB).
+_LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-launcher")
+
+
+def spawn(command: list[str], **popen) -> subprocess.Popen:
+    """Popen(command) that Linux SIGTERMs when the engine dies, from whichever thread it is called."""
+    def launch() -> subprocess.Popen:
+        return subprocess.Popen(command, preexec_fn=_die_with_parent(), **popen)
+    if threading.current_thread() is threading.main_thread():
+        return launch()
+    return _LAUNCHER.submit(launch).result()
 
 
 def _die_with_parent():

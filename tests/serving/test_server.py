@@ -214,3 +214,31 @@ def _group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
+
+
+def test_a_server_started_from_a_worker_thread_dies_with_the_engine(tmp_path):
+    """A merged restart starts the server in asyncio.to_thread: it must outlive that thread (it
+    serves on) and not the engine, even one killed by SIGKILL (a test's timeout once left such a
+    server holding 10 GB). `spawn` is what VLLMServer launches with; `sleep` stands in for vLLM."""
+    import subprocess
+    import sys
+
+    def running(pid: int) -> bool:
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+    script = tmp_path / "engine.py"
+    script.write_text("import asyncio, time\nfrom evolve.serving.server import spawn\n"
+                      "server = asyncio.run(asyncio.to_thread(spawn, ['sleep', '600']))\n"
+                      "print(server.pid, flush=True)\ntime.sleep(600)\n")
+    engine = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parents[2])
+    pid = int(engine.stdout.readline())
+    time.sleep(0.5)
+    assert running(pid)  # its thread (the loop's executor) has ended: the server serves on
+    engine.kill()
+    engine.wait()
+    deadline = time.monotonic() + 10
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid)
