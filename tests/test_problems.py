@@ -393,7 +393,9 @@ def test_a_run_stops_when_the_target_objective_is_reached(tmp_path):
                                 lambda event: None)
         assert asyncio.run(controller.run()) == "target reached"
         assert db.best().objective == 1.0
-        assert db.evaluations_done() <= 1 + policy.sampling.group_size  # the seed and one group
+        # Before the budget: how many groups were asked first depends on the machine (a group's
+        # evaluation runs beside the next call; 10 evaluations on a loaded machine, not 5)
+        assert db.evaluations_done() < budget.max_evaluations
     finally:
         db.close()
     # The run stores the expanded problem, so its views need neither the template nor the task.
