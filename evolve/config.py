@@ -104,9 +104,9 @@ class Tuning(Strict):
     # seed's literals beat tuning 12 of them (docs/benchmarks/generalization.md).
     max_literals: int = Field(default=16, ge=1)
     # A descent that has raised nothing in this many trials restarts (BIPOP, from the best point);
-    # 0: only when CMA-ES itself stops, as plain CMA-ES does. 0, not 100: with `resume`, tunings
-    # resumed on the ring seed reached objective 0.7954 / 0.7934 in 2,100 trials without the rule
-    # and 0.7944 / 0.7462 with it (docs/benchmarks/generalization.md, "The third change").
+    # 0: only when CMA-ES itself stops, as plain CMA-ES does. 0, not 100: with `resume` the rule
+    # would cut the long descent resume is for (chosen with resume on the ring seed; its figures
+    # were lost: docs/benchmarks/generalization.md, "The third change").
     stall_trials: int = Field(default=0, ge=0)
     # A tuning of a program a tuning produced (or left unbeaten) goes on with that tuning's CMA-ES
     # state, its step and covariance, instead of a fresh 300-trial descent (evolve/search/tuning.py).

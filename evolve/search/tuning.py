@@ -61,7 +61,7 @@ MIN_ACCEPTED = 0.25
 # A descent whose every trial the judge refused learned nothing: cma stops it at once (all
 # fitness values equal), which is no sign of convergence. It is drawn again with another seed
 # at the same step, this many times in a row at most, before the restarts' schedule moves on.
-# On the hexagonal lattice (every circle at half the spacing: most steps overlap) 26 of 30
+# On the hexagonal lattice (every circle at half the spacing: most steps overlap) 29 of 30
 # first-generation trials at 5 % steps were refused; where the first descent ended so, the
 # schedule's next steps were large (refused) and then small, and the tuner never left the
 # start, where plain CMA-ES, restarting at its first step, reached 0.88.

@@ -8,7 +8,8 @@ through the problem's real sandbox and judge (two at a time, as a run's evaluato
           `tuning.resume`, each goes on with the last one's CMA-ES state; --stall overrides
           the problem's `stall_trials`)
   fresh   the tuner before `tuning.resume` (e453dd9 and earlier): chained tunings, each from a
-          fresh CMA-ES state, a descent restarted after 100 trials without a gain
+          fresh CMA-ES state, a descent restarted after 100 trials without a gain (the later
+          descent rules, such as the redraws of 08c5825, apply; --redraws 0 turns those off)
   old     the same chained tunings with the tuner of a git revision (--old REV), which drew
           one first step per tuning from `--old-sigma` and had no restarts
   cma     plain CMA-ES: the `cma` package's defaults on the literals themselves (absolute
