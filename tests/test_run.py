@@ -58,9 +58,9 @@ sampling: {{temperature: 0.7, max_tokens: 320, group_size: 4, max_prompt_tokens:
     return path
 
 
-def evolve(*args, **kw) -> subprocess.CompletedProcess:
+def evolve(*args, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "evolve.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, **kw)
+                          capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def db_session(run_dir: Path) -> Session:

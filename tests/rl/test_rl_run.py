@@ -57,8 +57,10 @@ def run_humaneval(policy, run_dir, calls: int, script=None) -> subprocess.Comple
     """`evolve run` on HumanEval/0 (the 0.5B model solves it in some answers and not in others:
     a reward signal), or the same through a script that patches the trainer first."""
     if script is None:
+        # 1,500 s as below: a whole training run (the merge run took 780 s of its test on an
+        # AVX2-only machine, and 900 s on a loaded one, where it was killed at 900)
         return evolve("run", HUMANEVAL, "--policy", policy, "--run-dir", run_dir, "--max-llm-calls", calls,
-                      *HUMANEVAL_ARGS)
+                      *HUMANEVAL_ARGS, timeout=1500)
     return subprocess.run([sys.executable, str(script), "run", str(HUMANEVAL), "--policy", str(policy),
                            "--run-dir", str(run_dir), "--max-llm-calls", str(calls), "--no-dashboard",
                            *HUMANEVAL_ARGS], cwd=ROOT, capture_output=True, text=True, timeout=1500)
