@@ -65,7 +65,7 @@ MIN_ACCEPTED = 0.25
 # first-generation trials at 5 % steps were refused; where the first descent ended so, the
 # schedule's next steps were large (refused) and then small, and the tuner never left the
 # start, where plain CMA-ES, restarting at its first step, reached 0.88.
-RETRIES = 8
+REDRAWS = 8
 
 
 @dataclass
@@ -138,7 +138,7 @@ class TuningState:
         self.incumbent = Incumbent(np.zeros(len(literals)), objective)
         self.descent: Descent | None = None
         self.descents = 0  # started: restarts and redraws; each its own seed
-        self.redraws = 0  # in a row (RETRIES)
+        self.redraws = 0  # in a row (REDRAWS)
         self.exhausted = not literals  # nothing to tune, or cma stops before a first generation
 
     @property
@@ -173,7 +173,7 @@ class TuningState:
             return last
         if last is not None and last.refused:
             self.restarts.refused(last.sigma)
-        if last is not None and not last.refused and not last.accepted and self.redraws < RETRIES:
+        if last is not None and not last.refused and not last.accepted and self.redraws < REDRAWS:
             self.redraws += 1
             step, popsize, may_refuse = last.sigma, last.es.popsize, last.may_refuse
         else:

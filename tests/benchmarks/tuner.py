@@ -177,12 +177,12 @@ def main() -> None:
     ap.add_argument("--old", default="aca3fef", help="the git revision of the old tuner")
     ap.add_argument("--old-sigma", type=float, nargs=2, default=[0.1, 0.5])
     ap.add_argument("--stall", type=int, help="the tuner's stall_trials (0: restart only when cma stops)")
-    ap.add_argument("--redraws", type=int, help="the tuner's RETRIES (0: a descent that learned nothing "
+    ap.add_argument("--redraws", type=int, help="the tuner's REDRAWS (0: a descent that learned nothing "
                     "is followed by the restarts' next step, the tuner of 6dab6bb and earlier)")
     ap.add_argument("--out", type=Path, default=Path("runs/tuner"))
     args = ap.parse_args()
     if args.redraws is not None:
-        tuning_module.RETRIES = args.redraws
+        tuning_module.REDRAWS = args.redraws
     args.out.mkdir(parents=True, exist_ok=True)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}

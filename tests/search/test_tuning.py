@@ -396,8 +396,8 @@ def test_the_tuner_keeps_a_tunings_state_with_the_program_it_ended_on():
 def test_a_descent_that_learned_nothing_is_drawn_again_at_its_step():
     """Every trial of the first generation refused: cma stops on the flat fitness, which is no
     convergence. The next descent is the same step and population with another seed (plain
-    CMA-ES's restart), not the schedule's large step; RETRIES such redraws in a row at most."""
-    from evolve.search.tuning import RETRIES, TuningState
+    CMA-ES's restart), not the schedule's large step; REDRAWS such redraws in a row at most."""
+    from evolve.search.tuning import REDRAWS, TuningState
     code = "# EVOLVE-BLOCK-START\nx = [1.0, 2.0]\n# EVOLVE-BLOCK-END\n"
     calls = []
 
@@ -415,5 +415,5 @@ def test_a_descent_that_learned_nothing_is_drawn_again_at_its_step():
     async def refuses_all(variant: str):
         return Trial(variant, 0.0, None, ok=False)
     state = TuningState(code, 0.5, (0.05, 0.5), 0, 12, np.random.default_rng(0))
-    asyncio.run(state.run(refuses_all, 6 * (RETRIES + 2)))
+    asyncio.run(state.run(refuses_all, 6 * (REDRAWS + 2)))
     assert state.restarts.count == 2 and state.descent.sigma == 0.5  # then the schedule moves on
