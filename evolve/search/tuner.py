@@ -4,9 +4,13 @@ as a `tuned` child.
 A step tunes one program: an LLM child offered to it first (the ones worth tuning), otherwise
 the archive's pick of the next island in turn. With turns (scheduler.py) offered children wait
 for tuning's turn, which takes them first: a tuning (300 trials) run beside the server in the
-LLM's turn would take the cores from it. Each tuning's CMA-ES state is kept with the program it
-ended on (its best, or its start where nothing beat it), so the next tuning of that program goes
-on where it stopped. Kept in memory: a resume tunes the archive's programs afresh.
+LLM's turn would take the cores from it. Each tuning's CMA-ES state is kept with the code it
+ended on (its best, or its start where nothing beat it), so the next tuning of that code goes on
+where it stopped. The code, not the program row: every island starts from its own copy of the
+seed and migrants are copies, and states kept per row split one descent into independent ones
+(on the spiral seed, the first 4,200 trials on its code went to four descents of ~1,000 that
+each found nothing; docs/benchmarks/generalization.md). Kept in memory: a resume tunes the
+archive's programs afresh.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ class Tuner:
         self.generations = generations  # the only operator: each tuning counts a generation of its island
         self.waiting: deque[Program] = deque()
         self.rounds = 0
-        self.states: OrderedDict[int, TuningState] = OrderedDict()  # program id -> the tuning that ended there
+        self.states: OrderedDict[str, TuningState] = OrderedDict()  # code -> the tuning that ended there
 
     async def start(self) -> None:
         pass
@@ -93,7 +97,7 @@ class Tuner:
                      elapsed_s=time.time() - started)
         if tuned.best is None or tuned.best.result is None:
             if tuned.trials:  # its trials were spent all the same: the row counts them
-                self._keep(parent.id, tuning)
+                self._keep(parent.code, tuning)
                 engine.db.add(row)
                 engine.emit("tuned", f"tuned #{parent.id}: {tuned.parameters} literals, {tuned.trials} trials, "
                             f"none above {parent.objective:.4f}", parent=parent.id, program=None,
@@ -103,7 +107,7 @@ class Tuner:
                         generation=parent.generation + 1, code=tuned.best.code, status="pending")
         engine.store(child, tuned.best.result, started, row)
         if child.id is not None and child.objective == tuning.objective:
-            self._keep(child.id, tuning)
+            self._keep(tuned.best.code, tuning)
         engine.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
                     f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
                     parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
@@ -112,20 +116,20 @@ class Tuner:
         return Step(tuned.trials, child.objective)
 
     def _tuning(self, parent: Program) -> TuningState:
-        """The tuning that ended on this program, to go on with; else a fresh one."""
+        """The tuning that ended on this program's code, to go on with; else a fresh one."""
         t, engine = self.config, self.engine
-        kept = self.states.pop(parent.id, None)
+        assert parent.code is not None and parent.objective is not None
+        kept = self.states.pop(parent.code, None)
         if kept is not None and kept.objective == parent.objective:
             return kept
-        assert parent.code is not None and parent.objective is not None
         seed = pipeline.request_seed(engine.seed, parent.id, engine.db.tunings_of(parent.id))
         return TuningState(parent.code, parent.objective, t.sigma, seed, t.max_literals, engine.rng,
                       t.stall_trials or None)
 
-    def _keep(self, program_id: int, tuning: TuningState) -> None:
+    def _keep(self, code: str, tuning: TuningState) -> None:
         if not self.config.resume or tuning.exhausted:
             return
-        self.states[program_id] = tuning
+        self.states[code] = tuning
         while len(self.states) > KEPT_STATES:
             self.states.popitem(last=False)
 

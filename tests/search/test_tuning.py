@@ -371,10 +371,11 @@ def test_without_a_stall_rule_a_descent_restarts_only_when_cma_stops():
     assert restarts(None) == 1 and restarts(STALL_TRIALS) > 1
 
 
-def test_the_tuner_keeps_a_tunings_state_with_the_program_it_ended_on():
-    """The operator's bookkeeping: a tuning's state is kept under the program it ended on and
-    taken back for that program (once: a second tuning of it at the same time starts afresh);
-    a program whose objective is not the state's, or `resume: false`, gets a fresh state."""
+def test_the_tuner_keeps_a_tunings_state_with_the_code_it_ended_on():
+    """The operator's bookkeeping: a tuning's state is kept under the code it ended on and taken
+    back for any program with that code (once: a second tuning of it at the same time starts
+    afresh), so the seed's copy on every island goes on with one descent, not one each; a
+    program whose objective is not the state's, or `resume: false`, gets a fresh state."""
     from types import SimpleNamespace
 
     from evolve.config import Tuning as TuningConfig
@@ -384,12 +385,15 @@ def test_the_tuner_keeps_a_tunings_state_with_the_program_it_ended_on():
     program = SimpleNamespace(id=7, code=code, objective=0.5)
     tuner = Tuner(engine, TuningConfig(enabled=True), queued=True, generations=False)
     state = tuner._tuning(program)
-    tuner._keep(7, state)
+    tuner._keep(program.code, state)
     assert tuner._tuning(program) is state and tuner._tuning(program) is not state
-    tuner._keep(7, state)
+    tuner._keep(program.code, state)
+    assert tuner._tuning(SimpleNamespace(id=8, code=code, objective=0.5)) is state  # a copy on another island
+    tuner._keep(program.code, state)
+    assert tuner._tuning(SimpleNamespace(id=9, code=code + "\n", objective=0.5)) is not state
     assert tuner._tuning(SimpleNamespace(id=7, code=code, objective=0.6)) is not state
     fresh = Tuner(engine, TuningConfig(enabled=True, resume=False), queued=True, generations=False)
-    fresh._keep(7, state)
+    fresh._keep(program.code, state)
     assert fresh._tuning(program) is not state
 
 
