@@ -120,6 +120,11 @@ class Tuning(Strict):
     # at once: two cores serve one or the other (measured at once: the server fell from 44 to
     # 14 tok/s, and tuning from 605 to 190 trials/min).
     background: float = Field(default=0.0, ge=0, lt=1)
+    # What a tuning turn tunes on each island in turn: `archive`, the archive's pick (a random
+    # elite or member, as the LLM's parents), or `best`, the island's best, so that its descent
+    # goes on (`resume`) as plain CMA-ES's one long descent does. With `archive` the spiral's
+    # best of 30 minutes got 300 of the run's 6,550 trials (docs/benchmarks/generalization.md).
+    background_pick: Literal["archive", "best"] = "archive"
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
     # Move the share after each cycle toward the operator that raised the best objective faster
     # per second, and on a plateau toward the one that paid more over the run (within `bounds`;

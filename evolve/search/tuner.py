@@ -70,16 +70,25 @@ class Tuner:
             parent, child.code)) or engine.rng.random() < t.share)
 
     async def step(self) -> Step:
-        """Tune the next waiting child, else the archive's pick on the next island in turn."""
+        """Tune the next waiting child, else a program of the next island in turn (_background)."""
         if self.waiting:
             return await self.tune(self.waiting.popleft())
         db = self.engine.db
         island = self.rounds % len(db.archive.islands)
         self.rounds += 1
-        step = await self.tune(db.ask(island, self.engine.rng).parent)
+        step = await self.tune(self._background(island))
         if self.generations and step.trials:
             db.advance(island)
         return step
+
+    def _background(self, island: int) -> Program:
+        """What a turn tunes on this island when no child waits (`tuning.background_pick`): the
+        archive's pick, or the island's best, whose descent then goes on."""
+        db = self.engine.db
+        if self.config.background_pick == "best":
+            best = db.archive.best(island)
+            return db.seed(island) if best is None else db.get(best[1])
+        return db.ask(island, self.engine.rng).parent
 
     async def tune(self, parent: Program) -> Step:
         """Tune one program's literals; the best trial, where it beats the parent, is stored as

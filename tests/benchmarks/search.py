@@ -58,8 +58,10 @@ ARMS = {
     "evolve_noknobs": ["search.tuning.knobs=0"],
     "evolve_norepair": ["search.repair.attempts=0"],  # broken answers are not re-asked
     "evolve_noplateau": ["search.tuning.plateau_share=1.0"],  # tuning's record holds on its plateau
+    "evolve_best": ["search.tuning.background_pick=best"],  # tuning turns go on with each island's best
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
+    "tuning_best": ["search.llm=false", "search.tuning.enabled=true", "search.tuning.background_pick=best"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
 }
 BAR_ARMS = ["evolve", "llm_only", "tuning_only", "sampling"]  # what evolution must beat (the default)

@@ -421,3 +421,22 @@ def test_a_descent_that_learned_nothing_is_drawn_again_at_its_step():
     state = TuningState(code, 0.5, (0.05, 0.5), 0, 12, np.random.default_rng(0))
     asyncio.run(state.run(refuses_all, 6 * (REDRAWS + 2)))
     assert state.restarts.count == 2 and state.descent.sigma == 0.5  # then the schedule moves on
+
+
+def test_a_tuning_turn_takes_the_islands_best_or_the_archives_pick():
+    """`background_pick`: `best` tunes each island's best in turn (the seed while it has none), so
+    its descent goes on; `archive` takes the archive's pick, as the LLM's parents."""
+    from types import SimpleNamespace
+
+    from evolve.config import Tuning as TuningConfig
+    from evolve.search.tuner import Tuner
+    programs = {i: SimpleNamespace(id=i) for i in (1, 5, 9)}
+    bests = {0: (0.9, 5), 1: None}
+    db = SimpleNamespace(archive=SimpleNamespace(best=bests.get), get=programs.__getitem__,
+                         seed=lambda island: programs[1],
+                         ask=lambda island, rng: SimpleNamespace(parent=programs[9]))
+    engine = SimpleNamespace(db=db, rng=np.random.default_rng(0))
+    best = Tuner(engine, TuningConfig(enabled=True, background_pick="best"), queued=True, generations=False)
+    assert best._background(0).id == 5 and best._background(1).id == 1
+    archive = Tuner(engine, TuningConfig(enabled=True), queued=True, generations=False)
+    assert archive._background(0).id == 9
