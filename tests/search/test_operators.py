@@ -61,6 +61,22 @@ def test_tuning_alone_stores_each_tunings_best_and_counts_every_trial(tmp_path):
     assert db.archive.islands[0].generation + db.archive.islands[1].generation == len(rows)
 
 
+def test_tuning_turns_go_on_with_each_islands_best(tmp_path):
+    """`background_pick: best`: every tuning starts from the best its island had when it began."""
+    problem = toy_problem(tmp_path, llm=False, tuning={**TUNING, "background_pick": "best"},
+                          budget={"max_evaluations": 60})
+    reason, db, _ = toy_run(tmp_path, problem)
+    assert reason == Stop.BUDGET
+    rows = list(db.session.scalars(select(Tuning).order_by(Tuning.id)))
+    everything = programs(db)
+    for row in rows:
+        parent = db.get(row.parent_id)
+        before = [p.objective for p in everything if p.island == parent.island and p.status == "ok"
+                  and p.created_at <= row.started_at]
+        assert parent.objective == max(before)
+    assert len({row.parent_id for row in rows}) > 2  # it moved on with the tuned children
+
+
 def test_tuning_alone_stops_on_a_program_without_numbers(tmp_path):
     problem = toy_problem(tmp_path, seed_code=NO_LITERALS, llm=False, tuning=TUNING)
     reason, db, _ = toy_run(tmp_path, problem)
