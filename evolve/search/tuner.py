@@ -39,7 +39,7 @@ class Tuner:
         self.generations = generations  # the only operator: each tuning counts a generation of its island
         self.waiting: deque[Program] = deque()
         self.rounds = 0
-        self.states: OrderedDict[str, TuningState] = OrderedDict()  # code -> the tuning that ended there
+        self.states: OrderedDict[str, TuningState] = OrderedDict()  # code_hash -> the tuning that ended there
 
     async def start(self) -> None:
         pass
@@ -106,7 +106,7 @@ class Tuner:
                      elapsed_s=time.time() - started)
         if tuned.best is None or tuned.best.result is None:
             if tuned.trials:  # its trials were spent all the same: the row counts them
-                self._keep(parent.code, tuning)
+                self._keep(parent, tuning)
                 engine.db.add(row)
                 engine.emit("tuned", f"tuned #{parent.id}: {tuned.parameters} literals, {tuned.trials} trials, "
                             f"none above {parent.objective:.4f}", parent=parent.id, program=None,
@@ -116,7 +116,7 @@ class Tuner:
                         generation=parent.generation + 1, code=tuned.best.code, status="pending")
         engine.store(child, tuned.best.result, started, row)
         if child.id is not None and child.objective == tuning.objective:
-            self._keep(tuned.best.code, tuning)
+            self._keep(child, tuning)
         engine.emit("tuned", f"tuned #{parent.id} -> #{child.id}: {tuned.parameters} literals, "
                     f"{tuned.trials} trials, objective {parent.objective:.4f} -> {child.objective:.4f}",
                     parent=parent.id, program=child.id, trials=tuned.trials, parameters=tuned.parameters,
@@ -128,17 +128,18 @@ class Tuner:
         """The tuning that ended on this program's code, to go on with; else a fresh one."""
         t, engine = self.config, self.engine
         assert parent.code is not None and parent.objective is not None
-        kept = self.states.pop(parent.code, None)
+        kept = self.states.pop(parent.code_hash or "", None)
         if kept is not None and kept.objective == parent.objective:
             return kept
         seed = pipeline.request_seed(engine.seed, parent.id, engine.db.tunings_of(parent.id))
         return TuningState(parent.code, parent.objective, t.sigma, seed, t.max_literals, engine.rng,
                       t.stall_trials or None)
 
-    def _keep(self, code: str, tuning: TuningState) -> None:
-        if not self.config.resume or tuning.exhausted:
+    def _keep(self, program: Program, tuning: TuningState) -> None:
+        """Keep the state under the program's code (its hash, as the store identifies code)."""
+        if not self.config.resume or tuning.exhausted or program.code_hash is None:
             return
-        self.states[code] = tuning
+        self.states[program.code_hash] = tuning
         while len(self.states) > KEPT_STATES:
             self.states.popitem(last=False)
 

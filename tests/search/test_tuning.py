@@ -380,20 +380,23 @@ def test_the_tuner_keeps_a_tunings_state_with_the_code_it_ended_on():
 
     from evolve.config import Tuning as TuningConfig
     from evolve.search.tuner import Tuner
+    from evolve.store.database import code_hash
     code = "# EVOLVE-BLOCK-START\nx = [0.1, 0.2]\n# EVOLVE-BLOCK-END\n"
     engine = SimpleNamespace(seed=0, rng=np.random.default_rng(0), db=SimpleNamespace(tunings_of=lambda pid: 0))
-    program = SimpleNamespace(id=7, code=code, objective=0.5)
+    def stored(pid, text, objective):  # as the store keeps it: the code and its hash
+        return SimpleNamespace(id=pid, code=text, code_hash=code_hash(text), objective=objective)
+    program = stored(7, code, 0.5)
     tuner = Tuner(engine, TuningConfig(enabled=True), queued=True, generations=False)
     state = tuner._tuning(program)
-    tuner._keep(program.code, state)
+    tuner._keep(program, state)
     assert tuner._tuning(program) is state and tuner._tuning(program) is not state
-    tuner._keep(program.code, state)
-    assert tuner._tuning(SimpleNamespace(id=8, code=code, objective=0.5)) is state  # a copy on another island
-    tuner._keep(program.code, state)
-    assert tuner._tuning(SimpleNamespace(id=9, code=code + "\n", objective=0.5)) is not state
-    assert tuner._tuning(SimpleNamespace(id=7, code=code, objective=0.6)) is not state
+    tuner._keep(program, state)
+    assert tuner._tuning(stored(8, code, 0.5)) is state  # a copy on another island
+    tuner._keep(program, state)
+    assert tuner._tuning(stored(9, code.replace("0.2", "0.3"), 0.5)) is not state  # other code
+    assert tuner._tuning(stored(7, code, 0.6)) is not state
     fresh = Tuner(engine, TuningConfig(enabled=True, resume=False), queued=True, generations=False)
-    fresh._keep(program.code, state)
+    fresh._keep(program, state)
     assert fresh._tuning(program) is not state
 
 
