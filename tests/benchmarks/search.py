@@ -58,10 +58,10 @@ ARMS = {
     "evolve_noknobs": ["search.tuning.knobs=0"],
     "evolve_norepair": ["search.repair.attempts=0"],  # broken answers are not re-asked
     "evolve_noplateau": ["search.tuning.plateau_share=1.0"],  # tuning's record holds on its plateau
-    "evolve_best": ["search.tuning.background_pick=best"],  # tuning turns go on with each island's best
+    "evolve_archive": ["search.tuning.background_pick=archive"],  # tuning turns take the archive's pick
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
-    "tuning_best": ["search.llm=false", "search.tuning.enabled=true", "search.tuning.background_pick=best"],
+    "tuning_archive": ["search.llm=false", "search.tuning.enabled=true", "search.tuning.background_pick=archive"],
     "sampling": ["search.parents=seed", "search.tuning.enabled=false"],
 }
 BAR_ARMS = ["evolve", "llm_only", "tuning_only", "sampling"]  # what evolution must beat (the default)
@@ -265,7 +265,7 @@ def plot(results: dict, minutes: float, headline: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)}  # one of tab10's per arm (there are 9)
+    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)}  # tab10's, by arm (it wraps after 10)
     for (arm, seed), r in sorted(results.items()):
         xs = [t for t, _, _ in r["curve"]] + [minutes]
         ys = [h for _, h, _ in r["curve"]]

@@ -441,5 +441,5 @@ def test_a_tuning_turn_takes_the_islands_best_or_the_archives_pick():
     engine = SimpleNamespace(db=db, rng=np.random.default_rng(0))
     best = Tuner(engine, TuningConfig(enabled=True, background_pick="best"), queued=True, generations=False)
     assert best._background(0).id == 5 and best._background(1).id == 1
-    archive = Tuner(engine, TuningConfig(enabled=True), queued=True, generations=False)
+    archive = Tuner(engine, TuningConfig(enabled=True, background_pick="archive"), queued=True, generations=False)
     assert archive._background(0).id == 9
