@@ -10,6 +10,9 @@ table and a PNG of best headline against wall time:
     python tests/benchmarks/search.py problems/circle_packing.yaml --arms evolve --seeds 11 12 \
         --held-out 11 12      # seeds no default was chosen on, reported apart
     python tests/benchmarks/search.py problems/circle_packing_ring.yaml --seeds 0   # a foreign seed
+    python tests/benchmarks/tuner.py problems/circle_packing_ring.yaml --arms cma --minutes 30 \
+        --seeds 0 --out runs/cma-ring    # plain CMA-ES for the same wall time, then beside the search:
+    python tests/benchmarks/search.py --report runs/bench-circle_packing_ring --cma runs/cma-ring
 
 Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve       the default: LLM mutations + in-the-loop tuning, the turns following the yield
@@ -17,6 +20,7 @@ Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve_knobs / evolve_noknobs   half / none of the LLM calls ask for a knob (tuning.knobs)
   evolve_norepair   no re-asks of broken answers (search.repair.attempts=0)
   evolve_noplateau  no cap on tuning's share on its plateau (search.tuning.plateau_share=1)
+  evolve_archive / tuning_archive   tuning turns take the archive's pick, not each island's best
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -259,19 +263,45 @@ def table(results: dict, minutes: float, headline: str, held_out: set[int] | Non
     return "\n".join(lines)
 
 
-def plot(results: dict, minutes: float, headline: str, path: Path) -> None:
+def cma_curves(path: Path, problem: str) -> dict:
+    """Plain CMA-ES's runs of `problem` in tuner.py's results (--minutes): (arm, seed) -> its
+    curve as measure() gives one, from the start at minute 0 (it has no server to start)."""
+    name = load_problem(problem).name
+    curves = {}
+    for key, r in json.loads((path / "results.json").read_text()).items():
+        program, arm, seed = key.split("|")
+        if program == name and arm == "cma" and "rises" in r:  # runs before 'rises' kept no curve
+            start = [(0.0, r["start"][1], r["start"][0])]
+            curves[("cma", int(seed))] = start + [(s / 60, h, o) for _, s, o, h in r["rises"]]
+    return curves
+
+
+def over_time(curves: dict, minutes: float, headline: str) -> str:
+    """The best objective every 5 minutes per run (its headline at the end): what bar 2 compares."""
+    marks = [m for m in range(5, int(minutes) + 1, 5)] or [minutes]
+    lines = [f"| arm | seed | best objective after {' / '.join(f'{m:g}' for m in marks)} min "
+             f"({headline} at {minutes:g}) |", "|---|---|---|"]
+    for (arm, seed), curve in sorted(curves.items()):
+        at = [max([p for p in curve if p[0] <= m], key=lambda p: p[2], default=None) for m in marks]
+        cells = " / ".join("-" if p is None else f"{p[2]:.4f}" for p in at)
+        end = "-" if at[-1] is None else f"{at[-1][1]:.4f}"
+        lines.append(f"| {arm} | {seed} | {cells} ({end}) |")
+    return "\n".join(lines)
+
+
+def plot(curves: dict, minutes: float, headline: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)}  # tab10's, by arm (it wraps after 10)
-    for (arm, seed), r in sorted(results.items()):
-        xs = [t for t, _, _ in r["curve"]] + [minutes]
-        ys = [h for _, h, _ in r["curve"]]
+    colours = {arm: f"C{i}" for i, arm in enumerate(ARMS)} | {"cma": "black"}  # tab10 wraps after 10
+    for (arm, seed), curve in sorted(curves.items()):
+        xs = [t for t, _, _ in curve] + [minutes]
+        ys = [h for _, h, _ in curve]
         if ys:
             ax.step(xs, ys + ys[-1:], where="post", color=colours.get(arm), alpha=0.8,
-                    label=arm if seed == min(s for a, s in results if a == arm) else None)
+                    label=arm if seed == min(s for a, s in curves if a == arm) else None)
     ax.set_xlabel("wall time since launch (min, server start-up included)")
     ax.set_ylabel(f"best {headline} (best program by objective)")
     ax.set_xlim(0, minutes)
@@ -319,6 +349,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="default: runs/bench-PROBLEM")
     ap.add_argument("--report", type=Path, help="only write the tables of an existing OUT")
     ap.add_argument("--peak", action="store_true", help="also measure the server's peak tokens/s")
+    ap.add_argument("--cma", type=Path, metavar="DIR", help="plain CMA-ES's runs of the same problem for the "
+                    "same wall time (tuner.py --arms cma --minutes M --out DIR), drawn and tabled beside")
     ap.add_argument("--held-out", nargs="+", type=int, default=[], metavar="SEED",
                     help="the run seeds picked after the defaults were frozen: marked, their medians apart")
     args = ap.parse_args()
@@ -335,6 +367,10 @@ def main() -> None:
     spec = RunDir(next(iter(out.glob("*-s*/bench.json"))).parent).stored()
     headline = load_problem(spec["problem"], spec.get("set")).headline
     text = table(results, args.minutes, headline, set(args.held_out))
+    curves = {key: r["curve"] for key, r in results.items()}
+    if args.cma:
+        curves |= cma_curves(args.cma, spec["problem"])
+    text += "\n\n" + over_time(curves, args.minutes, headline)
     text += "\n\nWhere the LLM's time went:\n\n" + llm_time_table(results)
     if args.peak:
         llm_runs = [k for k in results if k[0] != "tuning_only"]
@@ -343,7 +379,7 @@ def main() -> None:
             text += f"\n- the server's peak for the same prompt, n and 2 calls in flight: {peak:.0f} tok/s"
     (out / "results.json").write_text(json.dumps({f"{a}-s{s}": r for (a, s), r in results.items()}, indent=1))
     (out / "report.md").write_text(text + "\n")
-    plot(results, args.minutes, headline, out / "best_vs_time.png")
+    plot(curves, args.minutes, headline, out / "best_vs_time.png")
     print(text)
     print(f"[bench] {out / 'report.md'}, {out / 'best_vs_time.png'}")
 

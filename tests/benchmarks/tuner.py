@@ -219,12 +219,24 @@ def main() -> None:
                     else:
                         marks = {f"{m} min": judge.by(m * 60) for m in range(5, int(args.minutes) + 1, 5)}
                         marks["trials"] = (judge.spent, None)
-                    results[key] = {"start": [start.objective, start.headline], "at": marks}
+                    results[key] = {"start": [start.objective, start.headline], "at": marks,
+                                    "rises": rises(judge)}
                     print(key, results[key], flush=True)
                     results_path.write_text(json.dumps(results, indent=1))
         finally:
             evaluator.sandbox.close()
     report(results, args.out / "report.md")
+
+
+def rises(judge: Trials) -> list[list]:
+    """(trials, seconds, best objective, its headline) at each rise of the best: the curve that
+    search.py draws beside a search's (--cma)."""
+    out, best = [], judge.start[0]
+    for trials, seconds, objective, headline in judge.curve:
+        if objective > best:
+            out.append([trials, round(seconds, 2), objective, headline])
+            best = objective
+    return out
 
 
 def report(results: dict, path: Path) -> None:
