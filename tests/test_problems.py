@@ -322,6 +322,15 @@ def test_a_foreign_seed_runs_the_flagships_search(name):
     assert foreign.policy == flagship.policy and foreign.seed_code() != flagship.seed_code()
 
 
+@pytest.mark.parametrize("name", ["circle_packing_32", "min_max_distance"])
+def test_the_other_optimisation_problems_run_the_flagships_search(name):
+    """Every shipped problem uses the search and mutator measured to pay (issue 58): the flagship's,
+    all but its wall time (these run half an hour)."""
+    flagship, other = (load_problem(PROBLEMS / f"{f}.yaml") for f in ("circle_packing", name))
+    assert other.search == flagship.search and other.policy == flagship.policy
+    assert other.budget.model_copy(update={"wall_time_s": flagship.budget.wall_time_s}) == flagship.budget
+
+
 # ---- evolve check on every shipped problem ----------------------------------------------------------
 def shipped_problems() -> list[Path]:
     return sorted(p for p in PROBLEMS.glob("*.yaml") if "vary" not in yaml.safe_load(p.read_text()))
