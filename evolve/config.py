@@ -127,6 +127,11 @@ class Tuning(Strict):
     # checked on the held-out grid (docs/benchmarks/generalization.md, "The sixth change").
     background_pick: Literal["archive", "best"] = "best"
     turn_s: float = Field(default=120, gt=0)  # one LLM turn and one tuning turn
+    # End the LLM's turn on time by pausing the embedded server with its batch (SIGSTOP; the
+    # answers in flight go on at the next turn), instead of waiting while the batch drains at a
+    # few tokens/s (on two cores 29-45 % of the server's active time, docs/benchmarks/throughput.md).
+    # A server that is not ours (external, shared) always drains.
+    pause_llm: bool = False
     # Move the share after each cycle toward the operator that raised the best objective faster
     # per second, and on a plateau toward the one that paid more over the run (within `bounds`;
     # `background` is where it starts, also on a resume; evolve/search/allocation.py).

@@ -114,10 +114,10 @@ def _urls(policy: Policy, base_url: str) -> list[str]:
 
 def _client(policy: Policy, endpoint: tuple, report, rejoin=None) -> Sampler:
     """One model's client: one endpoint, or a pool of them."""
-    base_url, model, _ = endpoint
+    base_url, model, server = endpoint
     urls = _urls(policy, base_url)
-    if len(urls) == 1:
-        return PolicyClient(policy, base_url, model)
+    if len(urls) == 1:  # an embedded server may be paused between turns: its clock times requests
+        return PolicyClient(policy, base_url, model, clock=server.active_time if server is not None else None)
     return EndpointPool({u: PolicyClient(policy, u, model) for u in urls}, report, rejoin)
 
 

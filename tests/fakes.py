@@ -89,7 +89,7 @@ class ScriptedSampler:
                      max_tokens: int | None = None, model: str | None = None, on_answer=None) -> Sample:
         self.calls += 1
         self.seeds.append(seed)
-        await asyncio.sleep(self.delay_s)
+        await self.generate()
         parent = messages[-1]["content"]
         line = next((ln for ln in parent.splitlines() if ln.strip().startswith("return [")), "    return [0.5, 0.5]")
         k = self.calls  # new numbers every call, so that the children are new programs
@@ -101,8 +101,35 @@ class ScriptedSampler:
         return Sample(texts=texts, finish_reasons=["stop"] * n, prompt_tokens=100,
                       completion_tokens=20 * n, started_at=time.time(), latency_s=self.delay_s)
 
+    async def generate(self) -> None:
+        await asyncio.sleep(self.delay_s)
+
     async def close(self) -> None:
         pass
+
+
+class PausableSampler(ScriptedSampler):
+    """A ScriptedSampler whose server can be paused (`Pausable`): a call's `delay_s` runs only
+    while it is not, as a frozen engine's batch waits; `spanned` counts the calls that were in
+    flight across a pause."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(delay_s)
+        self.paused, self.pauses, self.spanned = False, 0, 0
+
+    def pause(self) -> bool:
+        self.paused, self.pauses = True, self.pauses + 1
+        return True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    async def generate(self) -> None:
+        left, pauses = self.delay_s, self.pauses
+        while left > 0:
+            await asyncio.sleep(0.005)
+            left -= 0.0 if self.paused else 0.005
+        self.spanned += self.pauses > pauses
 
 
 def toy_problem(folder: Path, seed_code: str = SEED, **search) -> Problem:

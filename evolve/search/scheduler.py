@@ -7,7 +7,8 @@
 - Tuning alone (`search.llm: false`): one loop of tunings keeps the evaluators busy.
 - Turns (`tuning.background`): the LLM and tuning take turns with the cores, tuning's share of a
   cycle set by the allocation (allocation.py). The LLM's turn is its share of `turn_s` and ends
-  once the answers in flight are in; tuning's turn then lasts its share of the cycle so far (its
+  once the answers in flight are in, or at once with `tuning.pause_llm`, its server paused with
+  them until its next turn; tuning's turn then lasts its share of the cycle so far (its
   last tuning finishes first) and tunes the LLM children waiting for it before the archive's
   programs. The LLM is credited with what the best objective rose in a cycle beyond what tuning
   of the archive's programs raised it by (a tuned LLM child is the LLM's: its structure made it).
@@ -25,7 +26,7 @@ from evolve.search.llm import LLMMutation
 from evolve.search.operator import Engine, Learner, Operator
 from evolve.search.repair import Repair
 from evolve.search.tuner import Tuner
-from evolve.serving.client import Sampler
+from evolve.serving.client import Pausable, Sampler
 from evolve.store.schema import Program, Turn
 
 
@@ -111,17 +112,29 @@ class Scheduler:
             if self.llm.training():
                 continue  # training has the cores
             self.llm_turn.clear()
+            paused = self._pause(self.llm)
             try:
-                while self.llm.calls_in_flight:
+                while paused is None and self.llm.calls_in_flight:
                     await asyncio.sleep(0.1)
-                # The LLM's turn lasts at least as long as its calls in flight: size tuning's
-                # turn on what it really took, so that the shares hold.
+                # Drained, the LLM's turn lasts at least as long as its calls in flight: size
+                # tuning's turn on what it really took, so that the shares hold.
                 turn, share = time.time(), self.allocation.share
                 tuning_gain = await self._tuning_turn(self.tuner, turn + (turn - started) * share / (1 - share))
             finally:
+                if paused is not None:
+                    paused.resume()
                 self.llm_turn.set()
             self._record_turns(self._best_objective() - best - tuning_gain, turn - started,
                                tuning_gain, time.time() - turn)
+
+    def _pause(self, llm: LLMMutation) -> Pausable | None:
+        """End the LLM's turn by pausing its server with the answers in flight
+        (`tuning.pause_llm`), where the server is ours to pause (what was paused, to resume);
+        else None: the turn drains."""
+        client = llm.client
+        if self.engine.problem.search.tuning.pause_llm and isinstance(client, Pausable) and client.pause():
+            return client
+        return None
 
     async def _tuning_turn(self, tuner: Tuner, end: float) -> float:
         """Tune until `end`; what tuning of the archive's programs raised the best by."""

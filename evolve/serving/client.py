@@ -6,12 +6,14 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol, TypeVar, runtime_checkable
 
 from openai import AsyncOpenAI
 
 from evolve.config import Policy
 from evolve.mutation.versions import STOP
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,18 +49,33 @@ class Sampler(Protocol):
     async def close(self) -> None: ...
 
 
-class PolicyClient:
-    """Async OpenAI-compatible client; one call samples a whole group with `n`."""
+@runtime_checkable
+class Pausable(Protocol):
+    """A policy whose server can be frozen with its batch between a search's turns (the
+    embedded vLLM: evolve/serving/server.py)."""
 
-    def __init__(self, policy: Policy, base_url: str, model: str):
+    def pause(self) -> bool:
+        """Freeze the server; False where it cannot be (then the turn waits for its calls)."""
+
+    def resume(self) -> None: ...
+
+
+class PolicyClient:
+    """Async OpenAI-compatible client; one call samples a whole group with `n`.
+
+    `clock`: what a request's timeout is measured on, where the server may be paused (the
+    embedded server's `active_time`); the SDK's own timeout counts wall time."""
+
+    def __init__(self, policy: Policy, base_url: str, model: str, clock: Callable[[], float] | None = None):
         self.policy = policy
         self.base = model  # the base model's served name
         self.is_vllm = policy.server.embedded or policy.train is not None
+        self.clock, self.timeout = clock, policy.server.request_timeout_s
         key = os.environ.get(policy.server.api_key_env, "") if policy.server.api_key_env else ""
         # No silent retries in the SDK: evolve.serving.link.PolicyLink retries, says so, and restarts
         # the embedded server when it is gone.
         self.client = AsyncOpenAI(base_url=base_url, api_key=key or "EMPTY", max_retries=0,
-                                  timeout=policy.server.request_timeout_s)
+                                  timeout=self.timeout if clock is None else None)
 
     @property
     def model(self) -> str:
@@ -106,10 +123,10 @@ class PolicyClient:
             body |= {"continue_final_message": True, "add_generation_prompt": False}
             extra["stop"] = STOP
         started = time.time()
-        resp = await self.client.chat.completions.create(
+        resp = await self._timed(self.client.chat.completions.create(
             model=model, messages=messages,  # type: ignore[arg-type]  # plain dicts, not the SDK's TypedDicts
             n=n, temperature=s.temperature, top_p=s.top_p,
-            max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra)
+            max_tokens=max_tokens or s.max_tokens, extra_body=body or None, **extra))
         choices = sorted(resp.choices, key=lambda c: c.index)
         usage = resp.usage
         return Sample(texts=[c.message.content or "" for c in choices],
@@ -120,6 +137,22 @@ class PolicyClient:
                       token_ids=[getattr(c, "token_ids", None) for c in choices],
                       prompt_token_ids=getattr(resp, "prompt_token_ids", None),
                       logprobs=[_logprobs(c) for c in choices], model=model)
+
+    async def _timed(self, request: Awaitable[T]) -> T:
+        """The request, timed out on `clock` (the SDK times it where there is none): time the
+        server spent paused is not a server that hangs. A timeout is TimeoutError, which the
+        patient client (link.py) takes as the SDK's own: transient."""
+        if self.clock is None:
+            return await request
+        task, start = asyncio.ensure_future(request), self.clock()
+        try:
+            while (left := self.timeout - (self.clock() - start)) > 0:
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+            raise TimeoutError(f"no answer in {self.timeout:g} s of the server's active time")
+        finally:
+            task.cancel()  # a no-op once it is done
 
     async def close(self) -> None:
         await self.client.close()

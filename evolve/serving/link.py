@@ -15,7 +15,8 @@ RESTART_AFTER = 2  # failed attempts in a row before an embedded server that sti
 MAX_RESTARTS = 3  # restarts in one outage before the run gives up on the policy server
 # Failures worth waiting out: the server is away, overloaded or restarting. Anything else
 # (e.g. 400, a prompt the server rejects) is recorded as a failed call and the search goes on.
-TRANSIENT = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
+# TimeoutError: a request timed out on the server's active clock (client.py), as the SDK's own.
+TRANSIENT = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError, TimeoutError)
 
 
 class PolicyLink:
@@ -88,6 +89,15 @@ class PolicyLink:
             if self.on_restart is not None:
                 await self.on_restart(self)
             return True
+
+    def pause(self) -> bool:
+        """Freeze our embedded server with its batch (a search's tuning turn); False for a server
+        that is not ours to freeze (external, or another run's), whose turns drain instead."""
+        return self.server is not None and not self.server.reused and self.server.pause()
+
+    def resume(self) -> None:
+        if self.server is not None:
+            self.server.resume()
 
     async def close(self) -> None:
         await self.client.close()

@@ -74,6 +74,9 @@ class VLLMServer:
         self.seed = seed
         self.process: subprocess.Popen | None = None
         self.reused = False  # True when start() found our model already served
+        self.frozen: list[int] = []  # the engine's processes while paused
+        self.paused_at: float | None = None
+        self.paused_s = 0.0  # time paused so far, which no request's timeout counts
 
     @property
     def base_url(self) -> str:
@@ -145,6 +148,10 @@ class VLLMServer:
             "VLLM_CPU_OMP_THREADS_BIND": _cpu_list(),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_KVCACHE_SPACE": "4",  # GiB; ~350k tokens for Qwen2.5-0.5B, plenty for n=8
+            # A step the engine waits on its worker for, timed on the monotonic clock, which runs
+            # on while both are paused (pause()): vLLM's 300 s would kill an engine paused for a
+            # long tuning turn. Hung servers are caught by the requests' own timeout.
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "86400",
         }
         for key, value in defaults.items():
             env.setdefault(key, value)
@@ -236,6 +243,42 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
+    # -- pause -----------------------------------------------------------------
+
+    def pause(self) -> bool:
+        """Freeze the engine under the API server (SIGSTOP) with its batch: the requests in
+        flight go on where they were at resume(), so a search's tuning turn gets the cores at
+        once instead of after the batch has drained at a few tokens/s. The API server itself
+        keeps running: it still takes connections, and if the engine dies while paused, its
+        SIGTERM (PR_SET_PDEATHSIG) reaches a process that can act on it and kill the frozen
+        engine. False where there is nothing of ours to freeze."""
+        if self.paused_at is not None:
+            return True
+        if self.process is None or self.process.poll() is not None:
+            return False
+        self.frozen = [pid for pid in _group_members(self.process.pid) if pid != self.process.pid]
+        if not self.frozen:
+            return False
+        for pid in self.frozen:
+            _signal(pid, signal.SIGSTOP)
+        self.paused_at = time.monotonic()
+        return True
+
+    def resume(self) -> None:
+        """Let a paused engine go on."""
+        if self.paused_at is None:
+            return
+        for pid in self.frozen:
+            _signal(pid, signal.SIGCONT)
+        self.paused_s += time.monotonic() - self.paused_at
+        self.paused_at, self.frozen = None, []
+
+    def active_time(self) -> float:
+        """A monotonic clock that stands still while the engine is paused: a request's timeout
+        runs on it (evolve/serving/client.py), so a turn it waits out is not a hung server."""
+        now = time.monotonic()
+        return now - self.paused_s - (now - self.paused_at if self.paused_at is not None else 0.0)
+
     # -- stop ------------------------------------------------------------------
 
     def stop(self, grace_s: float = STOP_GRACE_S, why: str | None = None) -> None:
@@ -244,6 +287,7 @@ class VLLMServer:
 
         A reused server belongs to someone else and is left running.
         """
+        self.resume()  # a frozen engine would hold its SIGTERM until the group's SIGKILL
         process, self.process = self.process, None
         if process is None:
             return
@@ -301,6 +345,27 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of a process group, from /proc (Linux; elsewhere none)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile, or not Linux
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
 
 
 def _group_alive(pgid: int) -> bool:

@@ -21,6 +21,8 @@ Arms (the same problem, model, prompt and seed; only the operators differ):
   evolve_norepair   no re-asks of broken answers (search.repair.attempts=0)
   evolve_noplateau  no cap on tuning's share on its plateau (search.tuning.plateau_share=1)
   evolve_archive / tuning_archive   tuning turns take the archive's pick, not each island's best
+  evolve_pause the LLM's turn ends on time, its server paused with the answers in flight
+               (search.tuning.pause_llm), not drained
   llm_only     tuning off
   tuning_only  no LLM: tuning of the archive's programs for the whole budget
   sampling     independent best-of-N: every call mutates the seed, no archive, no tuning
@@ -52,7 +54,7 @@ from evolve.config import load_problem
 from evolve.mutation.literals import changes_structure
 from evolve.rundir import RunDir
 from evolve.store.database import connect
-from evolve.store.schema import Completion, Evaluation, LLMCall, Program, Tuning
+from evolve.store.schema import Completion, Evaluation, LLMCall, Program, Tuning, Turn
 from evolve.store.schema import Session as RunSession
 
 ARMS = {
@@ -63,6 +65,7 @@ ARMS = {
     "evolve_norepair": ["search.repair.attempts=0"],  # broken answers are not re-asked
     "evolve_noplateau": ["search.tuning.plateau_share=1.0"],  # tuning's record holds on its plateau
     "evolve_archive": ["search.tuning.background_pick=archive"],  # tuning turns take the archive's pick
+    "evolve_pause": ["search.tuning.pause_llm=true"],  # the LLM's turn ends on time, its server paused
     "llm_only": ["search.tuning.enabled=false"],
     "tuning_only": ["search.llm=false", "search.tuning.enabled=true"],
     "tuning_archive": ["search.llm=false", "search.tuning.enabled=true", "search.tuning.background_pick=archive"],
@@ -118,6 +121,7 @@ def measure(run_dir: Path, minutes: float) -> dict:
                          .join(Evaluation, Evaluation.program_id == Program.id)
                          .order_by(Evaluation.id)).all()
         tunings = s.execute(select(Tuning.trials, Tuning.started_at + Tuning.elapsed_s)).all()
+        tuning_turns = [(at - seconds, at) for at, seconds in s.execute(select(Turn.at, Turn.tuning_s))]
         answers = s.scalar(select(func.count(Program.id)).where(Program.origin == "mutation"))
         applied = s.scalar(select(func.count(Program.id)).where(
             Program.origin == "mutation", Program.status != "mutation_failed"))
@@ -155,7 +159,9 @@ def measure(run_dir: Path, minutes: float) -> dict:
             best = (objective, headline, pid, origin)
             curve.append((clock(end) / 60, headline, objective))
     calls = [c for c in calls if clock(c.started_at + (c.latency_s or 0)) <= horizon]
-    generating = union_length([(c.started_at, c.started_at + c.latency_s) for c in calls])
+    # a call in flight, less the tuning turns (with `pause_llm` the server is paused in them)
+    in_flight = [(c.started_at, c.started_at + c.latency_s) for c in calls]
+    generating = union_length(in_flight + tuning_turns) - union_length(tuning_turns)
     tokens = sum(c.completion_tokens or 0 for c in calls)
     spent = llm_time(calls, status_of, answers_of)
     first = curve[0][0] if curve else None

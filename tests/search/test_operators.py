@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fakes import NO_LITERALS, LiteralSandbox, ScriptedSampler, toy_policy, toy_problem, toy_run
+from fakes import NO_LITERALS, LiteralSandbox, PausableSampler, ScriptedSampler, toy_policy, toy_problem, toy_run
 from sqlalchemy import func, select
 
 from evolve.judge.evaluator import Evaluator
@@ -93,6 +93,22 @@ def test_turns_share_the_cores_and_record_each_cycle(tmp_path):
     assert len(turns) == sum(e.kind == "turns" for e in events)
     origins = {p.origin for p in programs(db)}
     assert {"seed", "mutation", "tuned"} <= origins
+
+
+def test_a_paused_llm_turn_ends_with_its_calls_in_flight_and_they_go_on_in_the_next(tmp_path):
+    """`pause_llm`: the LLM's turn ends by pausing the server with the answers in flight, not by
+    waiting for them; they end in a later LLM turn, every answer is stored, and the server is
+    never left paused. Without it the scheduler never pauses (the turn drains)."""
+    for pause in (True, False):
+        tuning = {**TUNING, "background": 0.5, "turn_s": 0.2, "pause_llm": pause}
+        problem = toy_problem(tmp_path / str(pause), tuning=tuning, budget={"max_evaluations": 120})
+        sampler = PausableSampler(delay_s=0.3)  # a call outlasts the LLM's turn (0.1 s)
+        reason, db, _ = toy_run(tmp_path / str(pause), problem, sampler)
+        assert reason == Stop.BUDGET and not sampler.paused
+        children = [p for p in programs(db) if p.origin == "mutation"]
+        assert len(children) == 4 * db.session.scalar(select(func.count(LLMCall.id)))
+        assert (sampler.pauses > 0 and sampler.spanned > 0) if pause else sampler.pauses == 0
+        db.close()
 
 
 def test_a_resumed_run_goes_on_to_its_new_budget(tmp_path):

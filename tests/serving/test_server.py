@@ -141,6 +141,33 @@ def test_a_group_is_asked_answer_by_answer_as_vllm_seeds_it(server):
     assert split.completion_tokens == sum(len(ids) for ids in split.token_ids) == whole.usage.completion_tokens
     assert split.texts == [c.message.content for c in sorted(whole.choices, key=lambda c: c.index)]
 
+def test_a_paused_server_holds_its_requests_and_answers_them_at_resume(server):
+    """`tuning.pause_llm`: a search's tuning turn pauses the engine with its requests in flight.
+    A request sent to a paused server waits, for longer than its timeout (which runs on the
+    server's active clock), and after resume() gets the answers it gets from a running one."""
+    settings = server_settings().model_copy(update={"request_timeout_s": 10})
+    policy = config.Policy(name="t", model=MODEL, server=settings,
+                           sampling=config.Sampling(max_tokens=16, temperature=0.8))
+    messages = [{"role": "user", "content": "Write a python function that adds two numbers"}]
+
+    async def paused():
+        client = PolicyClient(policy, server.base_url, MODEL, clock=server.active_time)
+        try:
+            running = await client.sample(messages, 2, seed=5)
+            assert server.pause()
+            waiting = asyncio.create_task(client.sample(messages, 2, seed=5))
+            await asyncio.sleep(12)  # past the timeout, on the wall clock
+            assert not waiting.done()
+            server.resume()
+            return running, await waiting
+        finally:
+            server.resume()
+            await client.close()
+
+    running, resumed = asyncio.run(paused())
+    assert resumed.texts == running.texts and server.paused_s >= 12
+
+
 def long_prompt(index: int, words: int) -> str:
     """About `words` tokens that differ from the first word on, so prefix caching can't help."""
     rng = random.Random(index)
