@@ -130,7 +130,8 @@ class Tuning(Strict):
     # End the LLM's turn on time by pausing the embedded server with its batch (SIGSTOP; the
     # answers in flight go on at the next turn), instead of waiting while the batch drains at a
     # few tokens/s (on two cores 29-45 % of the server's active time, docs/benchmarks/throughput.md).
-    # A server this engine did not start (external, or found running) always drains.
+    # A server this engine did not start (external, or found running) always drains. Off: on an
+    # AVX2-only machine it wrote no more tokens/s and fewer answers (docs/benchmarks/throughput.md).
     pause_llm: bool = False
     # Move the share after each cycle toward the operator that raised the best objective faster
     # per second, and on a plateau toward the one that paid more over the run (within `bounds`;

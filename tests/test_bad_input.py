@@ -22,7 +22,7 @@ def evolve(*args) -> subprocess.CompletedProcess:
 
 def problem_file(tmp_path: Path, **changes) -> Path:
     data = yaml.safe_load(PROBLEM.read_text())
-    data.update(program=str(PROBLEM.parent / data["program"]), scorer=str(PROBLEM.parent / data["scorer"]))
+    data.update({key: str(PROBLEM.parent / data[key]) for key in ("program", "scorer", "policy") if key in data})
     data.update(changes)
     path = tmp_path / "problem.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,8 +41,14 @@ def test_an_installed_copy_runs_a_search_away_from_the_repository(wheel, tmp_pat
                    check=True, capture_output=True)
     env = {**os.environ, "PYTHONPATH": str(site)}  # ahead of the repository's editable install
     run = tmp_path / "run"
+    # a problem that names no policy, so the run takes the wheel's own default
+    problem = yaml.safe_load((ROOT / "problems" / "min_max_distance.yaml").read_text())
+    problem.pop("policy", None)
+    problem.update({key: str(ROOT / "problems" / problem[key]) for key in ("program", "scorer")})
+    problem_path = tmp_path / "problem.yaml"
+    problem_path.write_text(yaml.safe_dump(problem, sort_keys=False))
     done = subprocess.run(
-        [sys.executable, "-m", "evolve.cli", "run", str(ROOT / "problems" / "min_max_distance.yaml"),
+        [sys.executable, "-m", "evolve.cli", "run", str(problem_path),
          "--run-dir", str(run), "--max-evaluations", "4", "--no-dashboard",
          "--set", "search.llm=false"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

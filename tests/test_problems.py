@@ -355,7 +355,7 @@ def test_check_every_shipped_problem(path, docker_ready):
 def test_check_fails_for_a_seed_that_fails_its_scorer(tmp_path):
     data = yaml.safe_load((PROBLEMS / "circle_packing_32.yaml").read_text())
     data.update(program_code="def construct_packing(n):\n    return [[0.5, 0.5]] * n, [0.5] * n\n",
-                program=None, scorer=str(PROBLEMS / "circle_packing" / "scorer.py"))
+                program=None, scorer=str(PROBLEMS / "circle_packing" / "scorer.py"), policy=str(PROBLEMS / data["policy"]))
     path = tmp_path / "overlapping.yaml"
     path.write_text(yaml.safe_dump(data))
     out = subprocess.run([sys.executable, "-m", "evolve.cli", "check", str(path)], cwd=ROOT,
