@@ -79,6 +79,9 @@ def start_run(tmp_path: Path, policy: Path, calls: int) -> tuple[subprocess.Pope
     proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", str(PROBLEM), "--policy", str(policy),
                              "--run-dir", str(run_dir), "--max-evaluations", "100",
                              "--set", "search.tuning.enabled=false",  # the budget is the LLM's
+                             # two calls at a time, one after another, so an outage meets calls
+                             # still to come (the problem's own schedule asks all 8 at once)
+                             "--set", "budget.llm_concurrency=2", "--set", "budget.llm_batch=null",
                              "--max-llm-calls", str(calls), "--no-dashboard"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, run_dir, run_dir / "evolve.db"
