@@ -44,7 +44,9 @@ def test_sigterm_stops_server_and_containers_and_the_run_resumes(tmp_path, docke
     before = sandbox_containers()
     proc = subprocess.Popen([sys.executable, "-m", "evolve.cli", "run", ROOT / "problems" / "min_max_distance.yaml",
                              "--policy", policy, "--run-dir", run_dir, "--max-evaluations", "6",
-                             "--max-llm-calls", "3", "--set", "search.tuning.enabled=false", "--no-dashboard"],
+                             "--max-llm-calls", "3", "--set", "search.tuning.enabled=false", "--no-dashboard",
+                             # one call after another, as before the problem took the flagship's schedule
+                             "--set", "budget.llm_concurrency=2", "--set", "budget.llm_batch=null"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 600
     while time.time() < deadline and not rows(db, "SELECT id FROM llm_calls"):
