@@ -47,7 +47,7 @@ class Client(ScriptedClient):
         sample.texts = [text.replace("0.45 * cell", radius) for text in sample.texts]
         return sample
 
-runner.PolicyClient = lambda policy, base_url, model: Client()
+runner.PolicyClient = lambda policy, base_url, model, clock=None: Client()
 runner.start_policy_server = lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None)
 if os.environ.get("SANDBOX_IMAGE"):
     docker_sandbox.image_tag = lambda: os.environ["SANDBOX_IMAGE"]

@@ -51,7 +51,7 @@ class Client(ScriptedClient):
         await asyncio.sleep(float(os.environ.get("SCRIPTED_DELAY", "0")))
         return await super().sample(messages, n, seed)
 
-runner.PolicyClient = lambda policy, base_url, model: Client()
+runner.PolicyClient = lambda policy, base_url, model, clock=None: Client()
 runner.start_policy_server = lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None)
 from evolve.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -77,7 +77,7 @@ def scripted(tmp_path, monkeypatch):
     import evolve.serving.server
     monkeypatch.setattr(evolve.serving.server, "start_policy_server",
                         lambda policy, run_dir, seed, stack: ("http://127.0.0.1:9/v1", policy.model, None))
-    monkeypatch.setattr(evolve.serving.client, "PolicyClient", lambda policy, base_url, model: ScriptedClient())
+    monkeypatch.setattr(evolve.serving.client, "PolicyClient", lambda policy, base_url, model, clock=None: ScriptedClient())
     problem = write_problem(tmp_path, 10)
     policies = []
     for name, group in (("alpha", 4), ("beta", 2)):  # two frozen mutators that answer differently
