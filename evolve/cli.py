@@ -155,12 +155,16 @@ def cmd_run(args) -> int:
 
 
 def check_policy(path: Path) -> None:
-    """The policy file validates and, when the engine serves it, names a model that exists."""
+    """The policy file validates and, when the engine serves it, names a model that exists.
+
+    A shipped model is not built here: the run's server builds it when it starts, after the
+    seed and the run directory have been checked.
+    """
     from evolve.serving.models import policy_model_path
 
     policy = load_policy(path)
     if policy.server.embedded:
-        policy_model_path(policy)
+        policy_model_path(policy, build=False)
 
 
 def check_seed(problem) -> None:

@@ -87,10 +87,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EVOLVE_CACHE") or Path.home() / ".cache" / "evolve").expanduser()
 
 
-def model_path(name_or_path: str) -> Path:
-    """A shipped model name → its built directory; an existing directory → itself."""
+def model_path(name_or_path: str, build: bool = True) -> Path:
+    """A shipped model name → its built directory; an existing directory → itself.
+
+    build=False only checks the name: a shipped model is found without building it (a minute
+    or more the first time), so a bad input elsewhere is reported before that wait.
+    """
     if name_or_path in SHIPPED:
-        return ensure_model(name_or_path)
+        return ensure_model(name_or_path) if build else cache_dir() / "models" / name_or_path
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -100,12 +104,12 @@ def model_path(name_or_path: str) -> Path:
     )
 
 
-def policy_model_path(policy) -> Path:
+def policy_model_path(policy, build: bool = True) -> Path:
     """model_path for a policy file's `model` field; a missing model is a ConfigError naming both."""
     from evolve.config import ConfigError
 
     try:
-        return model_path(policy.model)
+        return model_path(policy.model, build)
     except ModelError as exc:
         raise ConfigError(f"{policy.source_path}: field 'model': {exc}") from None
 

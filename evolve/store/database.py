@@ -92,6 +92,9 @@ def migrate(engine: Engine) -> None:
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":  # two runs starting on an empty database at once
             conn.execute(text("SELECT pg_advisory_xact_lock(:k, 0)"), {"k": LOCKS})
+        else:  # Python's sqlite3 opens no transaction for DDL: without this a kill -9 between
+            # two CREATE TABLEs leaves a half schema that no later start can migrate
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         _refuse_newer(conn, ScriptDirectory.from_config(cfg))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")

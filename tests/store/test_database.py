@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+import pytest
+from sqlalchemy import event, inspect
 
 from evolve.config import Descriptor, Search
 from evolve.store.database import ProgramDatabase, connect, migrate
@@ -35,6 +36,26 @@ def test_migration_creates_schema_matching_models(db_url):
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == [], f"models and migrations disagree: {diff}"
     migrate(engine)  # idempotent
+
+
+def test_a_migration_stopped_halfway_leaves_nothing_and_the_next_start_migrates(db_url):
+    # A run killed while it creates its database: the next start must find it empty, not half
+    # made (SQLite ran each CREATE TABLE in its own transaction: "table runs already exists").
+    engine = connect(db_url)
+
+    def die_at_the_second_revision(conn, cursor, statement, *args):
+        if statement.lstrip().startswith("CREATE TABLE training_steps"):
+            raise KeyboardInterrupt("killed mid-migration")
+
+    event.listen(engine, "before_cursor_execute", die_at_the_second_revision)
+    with pytest.raises(KeyboardInterrupt):
+        migrate(engine)
+    event.remove(engine, "before_cursor_execute", die_at_the_second_revision)
+    engine.dispose()
+    engine = connect(db_url)
+    assert inspect(engine).get_table_names() == []
+    migrate(engine)
+    assert {"runs", "training_steps", "alembic_version"} <= set(inspect(engine).get_table_names())
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path):
