@@ -56,6 +56,7 @@ def test_a_migration_stopped_halfway_leaves_nothing_and_the_next_start_migrates(
     assert inspect(engine).get_table_names() == []
     migrate(engine)
     assert {"runs", "training_steps", "alembic_version"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path):
