@@ -87,6 +87,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EVOLVE_CACHE") or Path.home() / ".cache" / "evolve").expanduser()
 
 
+def built_dir(name: str) -> Path:
+    """Where a shipped model is built (and found once built)."""
+    return cache_dir() / "models" / name
+
+
 def model_path(name_or_path: str, build: bool = True) -> Path:
     """A shipped model name → its built directory; an existing directory → itself.
 
@@ -94,7 +99,7 @@ def model_path(name_or_path: str, build: bool = True) -> Path:
     or more the first time), so a bad input elsewhere is reported before that wait.
     """
     if name_or_path in SHIPPED:
-        return ensure_model(name_or_path) if build else cache_dir() / "models" / name_or_path
+        return ensure_model(name_or_path) if build else built_dir(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path.resolve()
@@ -117,7 +122,7 @@ def policy_model_path(policy, build: bool = True) -> Path:
 def ensure_model(model: str | ShippedModel) -> Path:
     """Return cache_dir()/models/<name>, building it from the installed packages if missing."""
     spec = model if isinstance(model, ShippedModel) else _lookup(model)
-    target = cache_dir() / "models" / spec.name
+    target = built_dir(spec.name)
     if is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
