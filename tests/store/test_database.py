@@ -3,9 +3,9 @@ sampling, migration, resume."""
 from collections import Counter
 
 import numpy as np
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-import pytest
 from sqlalchemy import event, inspect
 
 from evolve.config import Descriptor, Search
