@@ -2,7 +2,12 @@
 
     python tests/benchmarks/peer.py problems/circle_packing.yaml --minutes 30 --seeds 0 1 2
     python tests/benchmarks/peer.py problems/circle_packing_ring.yaml --minutes 30 --seeds 0 1 2
-    python tests/benchmarks/peer.py --report runs/peer-circle_packing
+    python tests/benchmarks/peer.py --report docs/benchmarks/peer/circle_packing
+
+Each finished run leaves one small JSON (its best against time, evaluations, command, commit)
+under --results (default docs/benchmarks/peer/PROBLEM), and the table is made from those files
+alone: a session can run one engine and seed, commit its file, and the next adds another, since
+run directories do not outlive their machine.
 
 OpenEvolve (`openevolve` 0.4.0 from PyPI) is installed in a virtual environment of its own
 (--venv, made on first use). Both engines get the problem's policy model on the same vLLM server
@@ -124,23 +129,38 @@ def openevolve_curve(run_dir: Path, minutes: float) -> dict:
             "curve": curve, "evaluations": sum((v["t"] - launch) / 60 <= minutes for v in verdicts)}
 
 
-def report(out: Path, minutes: float, headline: str) -> str:
-    rows, bests = [], {"evolve": [], "openevolve": []}
-    seeds = sorted({int(p.name.rsplit("-s", 1)[1]) for p in out.glob("*-s*") if p.is_dir()})
-    for seed in seeds:
-        ours = measure(out / f"evolve-s{seed}", minutes) if (out / f"evolve-s{seed}" / "bench.json").exists() else None
-        peer = openevolve_curve(out / f"openevolve-s{seed}", minutes) \
-            if (out / f"openevolve-s{seed}" / "done.json").exists() else None
-        cell = lambda r: "-" if r is None or r["best_headline"] is None else f"{r['best_headline']:.4f}"  # noqa: E731
-        rows.append(f"| {seed} | {cell(ours)} | {ours['evaluations'] if ours else '-'} | {cell(peer)} | "
-                    f"{peer['evaluations'] if peer else '-'} |")
-        for name, r in (("evolve", ours), ("openevolve", peer)):
-            if r is not None and r["best_headline"] is not None:
-                bests[name].append(r["best_headline"])
+def summary(problem_path: Path, engine: str, seed: int, minutes: float, run_dir: Path) -> dict:
+    """One finished run as the table needs it, small enough to commit."""
+    r = measure(run_dir, minutes) if engine == "evolve" else openevolve_curve(run_dir, minutes)
+    meta = json.loads((run_dir / ("bench.json" if engine == "evolve" else "done.json")).read_text())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    return {"problem": problem_path.stem, "engine": engine, "seed": seed, "minutes": minutes,
+            "headline": load_problem(problem_path).headline, "commit": commit,
+            "command": " ".join(map(str, meta["command"])), "date": time.strftime("%Y-%m-%d"),
+            **{k: r[k] for k in ("best_headline", "best_objective", "evaluations", "curve")}}
+
+
+def report(results: Path) -> str:
+    """The table of every run summarised under `results` (one JSON per engine and seed)."""
+    runs = [json.loads(p.read_text()) for p in sorted(results.glob("*-s*.json"))]
+    if not runs:
+        sys.exit(f"[peer] {results}: no run summaries (ENGINE-sSEED.json) to report")
+    headline, minutes = runs[0]["headline"], runs[0]["minutes"]
+    by = {(r["engine"], r["seed"]): r for r in runs}
+    cell = lambda r: "-" if r is None or r["best_headline"] is None else f"{r['best_headline']:.4f}"  # noqa: E731
+    count = lambda r: "-" if r is None else str(r["evaluations"])  # noqa: E731
+    rows = []
+    for seed in sorted({seed for _, seed in by}):
+        ours, peer = by.get(("evolve", seed)), by.get(("openevolve", seed))
+        rows.append(f"| {seed} | {cell(ours)} | {count(ours)} | {cell(peer)} | {count(peer)} |")
     lines = [f"| seed | evolve: best {headline} at {minutes:g} min | evolve evaluations | "
              f"OpenEvolve: best {headline} | OpenEvolve evaluations |", "|---|---|---|---|---|", *rows, ""]
-    lines += [f"- median best {headline} of {name} over {len(v)} seed(s): {sorted(v)[len(v) // 2]:.4f}"
-              for name, v in bests.items() if v]
+    for engine in ("evolve", "openevolve"):
+        v = sorted(r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None)
+        if v:
+            lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {v[len(v) // 2]:.4f}")
+    lines.append("- commands: " + "; ".join(f"`{r['command']}` ({r['commit']}, {r['date']})" for r in runs))
     return "\n".join(lines)
 
 
@@ -151,22 +171,25 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--engines", nargs="+", default=["evolve", "openevolve"], choices=["evolve", "openevolve"])
     ap.add_argument("--venv", type=Path, default=Path("runs/peer-venv"))
-    ap.add_argument("--out", type=Path, help="default: runs/peer-PROBLEM")
-    ap.add_argument("--report", type=Path, help="only write the table of an existing OUT")
+    ap.add_argument("--out", type=Path, help="run directories; default: runs/peer-PROBLEM")
+    ap.add_argument("--results", type=Path, help="run summaries; default: docs/benchmarks/peer/PROBLEM")
+    ap.add_argument("--report", type=Path, help="only print the table of the summaries in REPORT")
     args = ap.parse_args()
-    out = args.report or args.out or Path("runs") / f"peer-{args.problem.stem}"
-    out.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        (out / "problem.txt").write_text(str(args.problem.resolve()))
-        for seed in args.seeds:
-            if "evolve" in args.engines:
-                run_arm(args.problem, "evolve", seed, args.minutes, out, None, [])
-            if "openevolve" in args.engines:
-                run_openevolve(args.problem, seed, args.minutes, out, args.venv)
-    problem = load_problem(Path((out / "problem.txt").read_text()))
-    text = report(out, args.minutes, problem.headline)
-    (out / "report.md").write_text(text + "\n")
-    print(text)
+    if args.report:
+        print(report(args.report))
+        return
+    out = args.out or Path("runs") / f"peer-{args.problem.stem}"
+    results = args.results or HERE.parents[1] / "docs" / "benchmarks" / "peer" / args.problem.stem
+    results.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        for engine in args.engines:
+            if engine == "evolve":
+                run_dir = run_arm(args.problem, "evolve", seed, args.minutes, out, None, [])
+            else:
+                run_dir = run_openevolve(args.problem, seed, args.minutes, out, args.venv)
+            found = summary(args.problem, engine, seed, args.minutes, run_dir)
+            (results / f"{engine}-s{seed}.json").write_text(json.dumps(found, indent=1) + "\n")
+    print(report(results))
 
 
 if __name__ == "__main__":
