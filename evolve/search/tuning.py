@@ -254,15 +254,24 @@ class Descent:
 
 
 def scales(start: np.ndarray) -> np.ndarray:
-    """What a step of 1 means for each literal: the literals' median size, for all (1 if it is 0).
+    """What a step of 1 means for each literal: the literals' median size, for all.
 
     Plain CMA-ES's coordinates (the literals themselves, one step for all), not each literal's
     own size: a small literal that places things on the unit square (an offset of 0.05, a first
     radius of 0.12) barely moved at 5 % of itself, and from the random-placement seed the search's
     tunings ended at n26 1.28-1.30 where plain CMA-ES reached 1.34 in as many trials
     (docs/benchmarks/generalization.md). CMA-ES adapts each coordinate's step from there."""
-    size = float(np.median(np.abs(start)))
-    return np.full(len(start), size if size > 0 else 1.0)
+    return np.full(len(start), literal_size(start))
+
+
+def literal_size(start: np.ndarray) -> float:
+    """The median size of the literals that are not zero or a tolerance (1e-6 of the largest or
+    less): zeros and guards such as 1e-9 say nothing of the scale the others work at. With them
+    counted, min_max_distance's seed (1.0, 1e-9, 0.0, 1.0, 0.0) got a step of 1e-9 and its
+    tunings never moved a point (docs/benchmarks/generalization.md, bar 4). 1 if none is left."""
+    size = np.abs(np.asarray(start, dtype=float))
+    size = size[size > 1e-6 * size.max()] if size.size else size
+    return float(np.median(size)) if size.size else 1.0
 
 
 def _popsize(dims: int) -> int:

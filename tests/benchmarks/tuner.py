@@ -13,8 +13,8 @@ through the problem's real sandbox and judge (two at a time, as a run's evaluato
   old     the same chained tunings with the tuner of a git revision (--old REV), which drew
           one first step per tuning from `--old-sigma` and had no restarts
   cma     plain CMA-ES: the `cma` package's defaults on the literals themselves (absolute
-          coordinates), first step 5 % of their median size, one run (restarted only when
-          cma stops)
+          coordinates), first step 5 % of their median size (zeros and tolerances left out,
+          as the search does), one run (restarted only when cma stops)
 
     python tests/benchmarks/tuner.py problems/circle_packing.yaml problems/circle_packing_ring.yaml \\
         --trials 1500 --seeds 0 1 --out runs/tuner
@@ -45,7 +45,7 @@ from evolve.judge.evaluator import Evaluator
 from evolve.mutation.literals import float_literals, substitute
 from evolve.mutation.pipeline import request_seed
 from evolve.search import tuning as tuning_module
-from evolve.search.tuning import STALL_TRIALS, Trial, TuningState, tune
+from evolve.search.tuning import STALL_TRIALS, Trial, TuningState, literal_size, tune
 
 CHECKPOINT = 300
 
@@ -125,7 +125,7 @@ async def plain_cma(code: str, judge: Trials, seed: int) -> None:
     import cma
     literals = float_literals(code)
     x0 = np.array([lit.value for lit in literals])
-    sigma0 = 0.05 * float(np.median(np.abs(x0))) or 0.05
+    sigma0 = 0.05 * literal_size(x0)  # the search's measure of scale: zeros and tolerances left out
     k = 0
     while judge.left:
         with warnings.catch_warnings():

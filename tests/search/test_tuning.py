@@ -273,6 +273,25 @@ def test_a_tuning_never_returns_below_the_program_it_tuned():
     assert tuned.best is None and tuned.trials == 60 and tuned.start_objective == 0.0
 
 
+@pytest.mark.parametrize("literals, size", [([1.0, 1e-9, 0.0, 1.0, 0.0], 1.0), ([0.5, 0.25, 0.0], 0.375),
+                                             ([0.0, 0.0], 1.0), ([], 1.0), ([3e-9, 1e-9], 2e-9)])
+def test_a_literals_scale_leaves_out_zeros_and_tolerances(literals, size):
+    """min_max_distance's seed: with its zeros and a 1e-9 guard counted, the median was 1e-9 and
+    no tuning ever moved a point (bar 4); tiny literals alone are their own scale."""
+    from evolve.search.tuning import literal_size
+    assert literal_size(np.array(literals)) == pytest.approx(size)
+
+
+def test_a_tuning_of_a_seed_with_zeros_and_a_guard_moves_its_numbers():
+    """Through the tuner: the step is the working literals' size, so a zero knob leaves its start."""
+    code = "# EVOLVE-BLOCK-START\nx = [1.0, 1e-9, 0.0, 1.0, 0.0]\n# EVOLVE-BLOCK-END\n"
+    target = np.array([1.0, 1e-9, 0.3, 1.0, 0.2])
+    start = -float(np.sum((np.array([1.0, 1e-9, 0.0, 1.0, 0.0]) - target) ** 2))  # -0.13
+    tuned = asyncio.run(tune(code, start, _evaluator(target, [1000]), trials=300, sigma=(0.05, 0.5),
+                             seed=0, max_parameters=12, rng=np.random.default_rng(0)))
+    assert tuned.best is not None and tuned.best.objective > start / 10
+
+
 def test_restarts_alternate_small_and_large_steps_with_a_growing_population():
     from evolve.search.tuning import Restarts
     restarts = Restarts(0.05, 0.5, 6, np.random.default_rng(0))
