@@ -138,6 +138,8 @@ def summary(problem_path: Path, engine: str, seed: int, minutes: float, run_dir:
     return {"problem": problem_path.stem, "engine": engine, "seed": seed, "minutes": minutes,
             "headline": load_problem(problem_path).headline, "commit": commit,
             "command": " ".join(map(str, meta["command"])), "date": time.strftime("%Y-%m-%d"),
+            "benchmark": f"python tests/benchmarks/peer.py {problem_path} --minutes {minutes:g} --seeds {seed} "
+                         f"--engines {engine}",
             **{k: r[k] for k in ("best_headline", "best_objective", "evaluations", "curve")}}
 
 
@@ -160,7 +162,8 @@ def report(results: Path) -> str:
         v = sorted(r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None)
         if v:
             lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {v[len(v) // 2]:.4f}")
-    lines.append("- commands: " + "; ".join(f"`{r['command']}` ({r['commit']}, {r['date']})" for r in runs))
+    lines.append("- commands: " + "; ".join(f"`{r.get('benchmark', r['command'])}` ({r['commit']}, {r['date']})"
+                                            for r in runs))
     return "\n".join(lines)
 
 
