@@ -270,7 +270,7 @@ def literal_size(start: np.ndarray) -> float:
     counted, min_max_distance's seed (1.0, 1e-9, 0.0, 1.0, 0.0) got a step of 1e-9 and its
     tunings never moved a point (docs/benchmarks/generalization.md, bar 4). 1 if none is left."""
     size = np.abs(np.asarray(start, dtype=float))
-    size = size[size > 1e-6 * size.max()] if size.size else size
+    size = size[size > 1e-6 * size.max(initial=0.0)]
     return float(np.median(size)) if size.size else 1.0
 
 

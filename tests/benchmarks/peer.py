@@ -162,8 +162,7 @@ def report(results: Path) -> str:
         v = sorted(r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None)
         if v:
             lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {v[len(v) // 2]:.4f}")
-    lines.append("- commands: " + "; ".join(f"`{r.get('benchmark', r['command'])}` ({r['commit']}, {r['date']})"
-                                            for r in runs))
+    lines.append("- commands: " + "; ".join(f"`{r['benchmark']}` ({r['commit']}, {r['date']})" for r in runs))
     return "\n".join(lines)
 
 
