@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +39,9 @@ from evolve.serving.server import start_policy_server
 
 HERE = Path(__file__).resolve().parent
 OPENEVOLVE = "openevolve==0.4.0"
+# The code a run ran: read at launch, since a commit made while it runs must not be credited to it.
+COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                        cwd=HERE).stdout.strip()
 
 EVALUATOR = '''"""OpenEvolve's evaluator: the program scored by evolve's strict judge (peer_judge.py)."""
 import json
@@ -133,10 +137,8 @@ def summary(problem_path: Path, engine: str, seed: int, minutes: float, run_dir:
     """One finished run as the table needs it, small enough to commit."""
     r = measure(run_dir, minutes) if engine == "evolve" else openevolve_curve(run_dir, minutes)
     meta = json.loads((run_dir / ("bench.json" if engine == "evolve" else "done.json")).read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
     return {"problem": problem_path.stem, "engine": engine, "seed": seed, "minutes": minutes,
-            "headline": load_problem(problem_path).headline, "commit": commit,
+            "headline": load_problem(problem_path).headline, "commit": COMMIT,
             "command": " ".join(map(str, meta["command"])), "date": time.strftime("%Y-%m-%d"),
             "benchmark": f"python tests/benchmarks/peer.py {problem_path} --minutes {minutes:g} --seeds {seed} "
                          f"--engines {engine}",
@@ -161,7 +163,7 @@ def report(results: Path) -> str:
     for engine in ("evolve", "openevolve"):
         v = sorted(r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None)
         if v:
-            lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {v[len(v) // 2]:.4f}")
+            lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {statistics.median(v):.4f}")
     lines.append("- commands: " + "; ".join(f"`{r['benchmark']}` ({r['commit']}, {r['date']})" for r in runs))
     return "\n".join(lines)
 
