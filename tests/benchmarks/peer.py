@@ -69,12 +69,17 @@ def ensure_venv(venv: Path) -> Path:
 
 
 def openevolve_config(problem, policy, base_url: str, seed: int) -> dict:
+    """The run seed seeds OpenEvolve's database (its sampling of parents and islands), never its
+    LLM requests: a seeded OpenEvolve sends one fixed seed with every request, so on a vLLM server
+    the same prompt gets the same answer, and while its database holds only the seed program every
+    prompt is the same. Measured: run seed 1, seeded so, failed its first diff and then repeated
+    that answer in every iteration of its 30 minutes (docs/benchmarks/generalization.md, Bar 3)."""
     s = policy.sampling
     model = {"name": policy.model, "api_base": base_url, "api_key": "EMPTY", "weight": 1.0}
     return {
-        "max_iterations": 100000, "checkpoint_interval": 10, "random_seed": seed, "language": "python",
+        "max_iterations": 100000, "checkpoint_interval": 10, "random_seed": None, "language": "python",
         "llm": {"models": [model], "api_base": base_url, "api_key": "EMPTY", "temperature": s.temperature,
-                "top_p": s.top_p, "max_tokens": 4096, "timeout": 1800, "retries": 1, "random_seed": seed},
+                "top_p": s.top_p, "max_tokens": 4096, "timeout": 1800, "retries": 1},
         "prompt": {"system_message": problem.description.strip()},
         "database": {"random_seed": seed},
         "evaluator": {"timeout": 900, "parallel_evaluations": 1, "cascade_evaluation": False},
