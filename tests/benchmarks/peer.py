@@ -171,7 +171,7 @@ def report(results: Path) -> str:
     lines = [f"| seed | evolve: best {headline} at {minutes:g} min | evolve evaluations | "
              f"OpenEvolve: best {headline} | OpenEvolve evaluations |", "|---|---|---|---|---|", *rows, ""]
     for engine in ("evolve", "openevolve"):
-        v = sorted(r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None)
+        v = [r["best_headline"] for (e, _), r in by.items() if e == engine and r["best_headline"] is not None]
         if v:
             lines.append(f"- median best {headline} of {engine} over {len(v)} seed(s): {statistics.median(v):.4f}")
     lines.append("- commands: " + "; ".join(f"`{r['benchmark']}` ({r['commit']}, {r['date']})" for r in runs))
